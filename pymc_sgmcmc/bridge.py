@@ -1,0 +1,569 @@
+"""PyMC model → minibatch problem: the one module that knows PyMC/PyTensor internals.
+
+The bridge splits a model's log-density (in the unconstrained space of PyMC's value
+variables, Jacobians included) into
+
+* ``logprior(position, fixed)`` – every term that is *not* minibatched: the log-prior of all
+  free variables, potentials, and observed variables whose data are not row-aligned;
+* ``loglik_rows(position, fixed, batch)`` – a ``(B,)`` vector of per-row log-likelihoods of
+  every observed variable whose data share the leading data axis of length ``N``.
+
+so that ``logprior + sum(loglik_rows over all rows)`` equals ``model.logp()``.  Each data
+container on the data axis (observed values, ``pm.Data``, plain arrays such as a design
+matrix) is replaced by a batch placeholder, and the graphs are compiled through PyTensor's JAX
+backend.  JAX itself is only touched on first use (:meth:`MinibatchProblem.jax_functions`),
+so building a problem in a parent process never starts JAX's thread pools before PyMC forks
+its workers.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+from pytensor.compile.sharedvalue import SharedVariable
+from pytensor.graph.basic import Constant, Variable
+from pytensor.graph.traversal import ancestors, graph_inputs
+from pytensor.tensor.basic import Alloc, get_underlying_scalar_constant_value
+from pytensor.tensor.exceptions import NotScalarConstantError
+from pytensor.tensor.shape import SpecifyShape
+from pytensor.graph.replace import clone_replace
+from pytensor.tensor.random.type import RandomType
+
+from pymc_sgmcmc.errors import DataShapeError, ModelNotSupportedError
+
+__all__ = ["MinibatchProblem", "VarInfo", "build_problem"]
+
+
+@dataclass(frozen=True)
+class VarInfo:
+    """Name, shape and dtype of one value variable inside the raveled position vector."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=int))
+
+
+@dataclass
+class MinibatchProblem:
+    """A PyMC model split into a full-batch part and a per-row, minibatchable part.
+
+    Attributes
+    ----------
+    var_infos
+        The sampled value variables, in the order they are raveled into ``position``.
+    fixed_infos
+        Value variables that other step methods sample; they enter as ``fixed`` arrays.
+    data
+        Row-aligned data arrays (leading axis of length ``data_size``), in ``data_names`` order.
+    data_size
+        ``N``, the number of rows.
+    minibatched_observed, full_observed
+        Names of the observed variables whose likelihood is minibatched / evaluated in full.
+    """
+
+    model: pm.Model
+    var_infos: tuple[VarInfo, ...]
+    fixed_infos: tuple[VarInfo, ...]
+    data_names: tuple[str, ...]
+    data: tuple[np.ndarray, ...]
+    data_size: int
+    minibatched_observed: tuple[str, ...]
+    full_observed: tuple[str, ...]
+    dtype: str
+    _inputs: list[Variable] = field(repr=False)
+    _batch_inputs: list[Variable] = field(repr=False)
+    _logprior_graph: Variable = field(repr=False)
+    _rows_graph: Variable = field(repr=False)
+    _jax_cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    # -- raveling -------------------------------------------------------------------------
+    @property
+    def dim(self) -> int:
+        """Length of the raveled position vector."""
+        return sum(v.size for v in self.var_infos)
+
+    def ravel(self, point: dict[str, np.ndarray]) -> np.ndarray:
+        """Concatenate the sampled value variables of ``point`` into one float vector."""
+        if not self.var_infos:
+            return np.zeros(0, dtype=self.dtype)
+        return np.concatenate(
+            [np.asarray(point[v.name], dtype=self.dtype).reshape(-1) for v in self.var_infos]
+        )
+
+    def unravel(self, position: np.ndarray) -> dict[str, np.ndarray]:
+        """Inverse of :meth:`ravel`, casting each variable back to its own dtype."""
+        out, start = {}, 0
+        for v in self.var_infos:
+            out[v.name] = np.asarray(position[start : start + v.size]).reshape(v.shape).astype(v.dtype)
+            start += v.size
+        return out
+
+    def fixed_values(self, point: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+        """Values of the variables this problem does not sample, taken from ``point``."""
+        return tuple(np.asarray(point[v.name], dtype=v.dtype) for v in self.fixed_infos)
+
+    # -- JAX ------------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        # Compiled JAX callables are rebuilt lazily wherever the problem is unpickled
+        # (a spawned or forkserver worker), never shipped across processes.
+        state = self.__dict__.copy()
+        state["_jax_cache"] = {}
+        return state
+
+    def jax_functions(self) -> dict[str, Callable]:
+        """JAX callables built from the PyTensor graphs (on first call; cached).
+
+        Returns a dict with
+
+        ``logprior(position, fixed) -> ()``, ``loglik_rows(position, fixed, batch) -> (B,)``,
+        ``logdensity_and_grad(position, fixed, batch) -> ((), (D,))`` — the unbiased minibatch
+        estimate ``logprior + (N/B) Σ_rows loglik`` and its gradient — and
+        ``per_example_grads(position, fixed, batch) -> (B, D)`` (``jax.vmap`` over rows of the
+        gradient of one row's log-likelihood).
+        """
+        if self._jax_cache:
+            return self._jax_cache
+        with _JAX_LOCK:
+            if not self._jax_cache:
+                self._jax_cache.update(_build_jax_functions(self))
+        return self._jax_cache
+
+
+_JAX_LOCK = threading.Lock()
+
+
+def _register_jax_passthroughs() -> None:
+    """Make PyMC's parameter checks JAX-traceable (as ``pymc.sampling.jax`` does).
+
+    ``pymc.sampling.jax`` is not imported on purpose: importing it rewrites ``XLA_FLAGS`` to
+    force 100 host devices, which would change the device layout of the user's process.
+    """
+    from pymc.distributions.dist_math import CheckParameterValue
+    from pymc.logprob.utils import CheckParameterValue as _CPV  # noqa: F401  (same class)
+    from pytensor.link.jax.dispatch import jax_funcify
+    from pytensor.raise_op import Assert
+
+    def passthrough(op: Any, **kwargs: Any) -> Callable:
+        def assert_fn(value: Any, *inps: Any) -> Any:
+            return value
+
+        return assert_fn
+
+    jax_funcify.register(Assert)(passthrough)
+    jax_funcify.register(CheckParameterValue)(passthrough)
+
+
+def _jaxify(inputs: list[Variable], outputs: list[Variable]) -> Callable:
+    from pytensor.compile.mode import JAX
+    from pytensor.graph.fg import FunctionGraph
+    from pytensor.link.jax.dispatch import jax_funcify
+
+    _register_jax_passthroughs()
+    fgraph = FunctionGraph(inputs=inputs, outputs=outputs, clone=True)
+    JAX.optimizer.rewrite(fgraph)
+    return jax_funcify(fgraph)
+
+
+def _build_jax_functions(problem: MinibatchProblem) -> dict[str, Callable]:
+    import jax
+    import jax.numpy as jnp
+
+    if problem.dtype == "float64":
+        jax.config.update("jax_enable_x64", True)
+
+    n_sampled = len(problem.var_infos)
+    logprior_raw = _jaxify(problem._inputs, [problem._logprior_graph])
+    rows_raw = _jaxify(problem._inputs + problem._batch_inputs, [problem._rows_graph])
+    infos = problem.var_infos
+    fixed_dtypes = [v.dtype for v in problem.fixed_infos]
+
+    def unravel(position: jax.Array) -> list[jax.Array]:
+        out, start = [], 0
+        for v in infos:
+            out.append(position[start : start + v.size].reshape(v.shape).astype(v.dtype))
+            start += v.size
+        return out
+
+    def values(position: jax.Array, fixed: Sequence[jax.Array]) -> list[jax.Array]:
+        fixed = [jnp.asarray(f, dtype=d) for f, d in zip(fixed, fixed_dtypes, strict=True)]
+        return unravel(position) + list(fixed)
+
+    del n_sampled
+
+    def logprior(position: jax.Array, fixed: Sequence[jax.Array] = ()) -> jax.Array:
+        return logprior_raw(*values(position, fixed))[0]
+
+    def loglik_rows(
+        position: jax.Array, fixed: Sequence[jax.Array], batch: Sequence[jax.Array]
+    ) -> jax.Array:
+        rows = rows_raw(*values(position, fixed), *batch)[0]
+        return jnp.broadcast_to(rows, (batch[0].shape[0],)) if batch else rows
+
+    data_size = problem.data_size
+
+    def logdensity(position: jax.Array, fixed: Sequence[jax.Array], batch: Sequence[jax.Array]):
+        batch_size = batch[0].shape[0]
+        scale = data_size / batch_size
+        return logprior(position, fixed) + scale * jnp.sum(loglik_rows(position, fixed, batch))
+
+    def one_row_loglik(position, fixed, row):
+        return loglik_rows(position, fixed, tuple(r[None] for r in row))[0]
+
+    per_example = jax.vmap(jax.grad(one_row_loglik), in_axes=(None, None, 0))
+
+    return {
+        "logprior": logprior,
+        "loglik_rows": loglik_rows,
+        "logdensity": logdensity,
+        "logdensity_and_grad": jax.value_and_grad(logdensity),
+        "per_example_grads": per_example,
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# Graph analysis
+# ---------------------------------------------------------------------------------------
+
+
+def _data_leaf_value(var: Variable) -> np.ndarray | None:
+    """The numeric value of a graph leaf that holds data, or None for anything else."""
+    if isinstance(var, SharedVariable):
+        if isinstance(var.type, RandomType):
+            return None
+        return np.asarray(var.get_value(borrow=True))
+    if isinstance(var, Constant):
+        return np.asarray(var.data)
+    return None
+
+
+def _leaf_label(model: pm.Model, var: Variable, observed_owner: dict[Variable, str]) -> str:
+    if var in observed_owner:
+        return f"observed data of {observed_owner[var]!r}"
+    if getattr(var, "name", None):
+        return repr(var.name)
+    return f"a constant array of shape {np.shape(_data_leaf_value(var))}"
+
+
+def _replace_shared_scalars(graphs: list[Variable], keep: set[Variable]) -> list[Variable]:
+    """Freeze the remaining shared variables (dim lengths, unsliced pm.Data) as constants."""
+    shared = [
+        v
+        for v in graph_inputs(graphs)
+        if isinstance(v, SharedVariable) and not isinstance(v.type, RandomType) and v not in keep
+    ]
+    replacements = {v: pt.constant(v.get_value(borrow=True), dtype=v.dtype) for v in shared}
+    return clone_replace(graphs, replace=replacements) if replacements else graphs
+
+
+def _rows_to_batch_length(graph: Variable, data_size: int, batch_length: Variable) -> Variable:
+    """Turn shapes fixed to ``N`` rows into the batch length.
+
+    PyMC broadcasts every log-probability to its variable's shape (an ``Alloc`` whose leading
+    length is ``N``, from ``shape=``/``dims=``) and may assert that shape (``SpecifyShape``).
+    Both are rewritten so the graph follows the number of rows it is given.
+    """
+    replacements: dict[Variable, Variable] = {}
+    for var in ancestors([graph]):
+        node = var.owner
+        if node is None:
+            continue
+        if isinstance(node.op, SpecifyShape):
+            replacements[var] = node.inputs[0]
+        elif isinstance(node.op, Alloc) and len(node.inputs) > 1:
+            try:
+                lead = int(get_underlying_scalar_constant_value(node.inputs[1]))
+            except NotScalarConstantError:
+                continue
+            if lead == data_size:
+                replacements[var] = pt.alloc(node.inputs[0], batch_length, *node.inputs[2:])
+    if not replacements:
+        return graph
+    return clone_replace([graph], replace=replacements, rebuild_strict=False)[0]
+
+
+def _user_vars_to_value_vars(model: pm.Model, vars: Sequence[Any] | None) -> list[Variable]:
+    if vars is None:
+        return list(model.value_vars)
+    out = []
+    for v in vars:
+        if v in model.value_vars:
+            out.append(v)
+        elif v in model.rvs_to_values:
+            out.append(model.rvs_to_values[v])
+        elif isinstance(v, str) and v in model.named_vars:
+            rv = model.named_vars[v]
+            out.append(model.rvs_to_values.get(rv, rv))
+        else:
+            raise ValueError(
+                f"`vars` contains {v!r}, which is not a free variable of the model. "
+                f"Pass free random variables (or their names) from {[r.name for r in model.free_RVs]}."
+            )
+    for v in out:
+        if v not in model.value_vars:
+            raise ValueError(
+                f"{v.name!r} is not a free variable of the model (observed or deterministic); "
+                "only free random variables can be sampled."
+            )
+    return out
+
+
+def build_problem(
+    model: pm.Model | None = None,
+    vars: Sequence[Any] | None = None,
+    *,
+    minibatch_data: Sequence[Any] | None = None,
+    batch_size: int | None = None,
+) -> MinibatchProblem:
+    """Split a PyMC model into a full-batch log-prior and per-row log-likelihoods.
+
+    Parameters
+    ----------
+    model
+        The PyMC model (default: the model on the context stack).
+    vars
+        Free variables to sample (default: all). The other value variables become ``fixed``
+        inputs so that the gradient is the correct conditional one inside a compound step.
+    minibatch_data
+        Explicit override for what is minibatched: ``pm.Data`` containers, observed random
+        variables, or their names. All must share the same leading length ``N``; every other
+        data array is used in full. By default the data axis is the leading axis of the
+        largest observed variable, and every observed variable and data container with that
+        leading length is minibatched.
+    batch_size
+        Validated against ``N`` when given.
+
+    Raises
+    ------
+    ModelNotSupportedError
+        Discrete free variables, or no observed data to minibatch.
+    DataShapeError
+        Data containers whose leading axes disagree, or ``batch_size`` outside ``1..N``.
+    """
+    model = pm.modelcontext(model)
+    sampled = _user_vars_to_value_vars(model, vars)
+
+    for value_var in sampled:
+        rv = model.values_to_rvs[value_var]
+        if rv.dtype.startswith(("int", "uint", "bool")) or value_var.dtype.startswith(
+            ("int", "uint", "bool")
+        ):
+            raise ModelNotSupportedError(
+                f"Free variable {rv.name!r} is discrete ({rv.dtype}); stochastic-gradient "
+                "samplers need a continuous, differentiable log-density. Marginalise it out, "
+                "or sample it with a PyMC step method and give the SG sampler only the "
+                f"continuous variables: step=[pmsg.SGLD(vars=[...]), pm.Metropolis([{rv.name}])]."
+            )
+    fixed = [v for v in model.value_vars if v not in sampled]
+
+    if not model.observed_RVs:
+        raise ModelNotSupportedError(
+            "The model has no observed variables, so there is no data to minibatch. "
+            "Stochastic-gradient MCMC only pays off for likelihoods over many rows: pass the "
+            "data as `observed=` of a likelihood, or sample this model with pm.sample() (NUTS)."
+        )
+
+    observed_value = {rv: model.rvs_to_values[rv] for rv in model.observed_RVs}
+    observed_owner = {val: rv.name for rv, val in observed_value.items()}
+
+    def leading(var: Variable) -> int | None:
+        value = _data_leaf_value(var)
+        if value is None or value.ndim == 0:
+            return None
+        return int(value.shape[0])
+
+    # --- which observed variables and containers are minibatched --------------------------
+    forced_leaves: list[Variable] | None = None
+    if minibatch_data is not None:
+        forced_leaves = []
+        for item in minibatch_data:
+            if isinstance(item, str):
+                if item not in model.named_vars:
+                    raise ValueError(
+                        f"minibatch_data names {item!r}, which is not in the model. "
+                        f"Data containers: {sorted(model.data_vars and [d.name for d in model.data_vars])}."
+                    )
+                item = model.named_vars[item]
+            if item in observed_value:
+                item = observed_value[item]
+            if _data_leaf_value(item) is None:
+                raise ValueError(
+                    f"minibatch_data entry {getattr(item, 'name', item)!r} is not a data "
+                    "container (pm.Data) nor an observed variable."
+                )
+            forced_leaves.append(item)
+        sizes = {
+            _leaf_label(model, v, observed_owner): leading(v) for v in forced_leaves
+        }
+        if len(set(sizes.values())) != 1 or None in sizes.values():
+            raise DataShapeError(
+                "The data containers passed as minibatch_data must share one leading (row) "
+                f"axis, but their leading lengths are {sizes}. Reshape them so that rows come "
+                "first and every container has the same number of rows."
+            )
+        data_size = int(next(iter(sizes.values())))
+        mb_rvs = [rv for rv, val in observed_value.items() if val in forced_leaves]
+        if not mb_rvs:
+            # Containers given without their observed variable: every likelihood that depends
+            # on them is minibatched.
+            mb_rvs = [
+                rv
+                for rv in model.observed_RVs
+                if set(graph_inputs([model.logp(vars=[rv], sum=False)[0]])) & set(forced_leaves)
+            ]
+    else:
+        obs_rows = {
+            rv: (leading(val) if leading(val) is not None else 0) for rv, val in observed_value.items()
+        }
+        data_size = max(obs_rows.values())
+        if data_size <= 1:
+            raise ModelNotSupportedError(
+                "No observed variable has more than one row of data, so there is nothing to "
+                "minibatch. Pass the data with rows along the first axis as `observed=`, or "
+                "use pm.sample() (NUTS) for this model."
+            )
+        mb_rvs = [rv for rv in model.observed_RVs if obs_rows[rv] == data_size]
+
+    full_rvs = [rv for rv in model.observed_RVs if rv not in mb_rvs]
+
+    if batch_size is not None and not (1 <= int(batch_size) <= data_size):
+        raise DataShapeError(
+            f"batch_size={batch_size} must be between 1 and the number of data rows N={data_size} "
+            f"(minibatched observed variables: {[rv.name for rv in mb_rvs]}). "
+            f"Choose batch_size <= {data_size}."
+        )
+
+    # --- graphs ---------------------------------------------------------------------------
+    row_terms = []
+    for rv in mb_rvs:
+        term = model.logp(vars=[rv], sum=False)[0]
+        if term.ndim == 0:
+            raise DataShapeError(
+                f"Observed variable {rv.name!r} has a scalar log-likelihood, so it cannot be "
+                "split into rows. Leave it out of minibatch_data (it will be used in full)."
+            )
+        if term.ndim > 1:
+            term = term.sum(axis=tuple(range(1, term.ndim)))
+        row_terms.append(term)
+    rows_graph = row_terms[0]
+    for term in row_terms[1:]:
+        rows_graph = rows_graph + term
+
+    prior_vars = list(model.free_RVs) + full_rvs + list(model.potentials)
+    logprior_graph = model.logp(vars=prior_vars, sum=True)
+
+    if forced_leaves is not None:
+        leaves = list(forced_leaves)
+    else:
+        leaves = [
+            v
+            for v in graph_inputs([rows_graph])
+            if _data_leaf_value(v) is not None and leading(v) == data_size
+        ]
+    mb_names = [rv.name for rv in mb_rvs]
+
+    placeholders = []
+    replacements = {}
+    data_names = []
+    data_arrays = []
+    for i, leaf in enumerate(leaves):
+        value = _data_leaf_value(leaf)
+        assert value is not None
+        ph = pt.tensor(
+            name=f"batch_{i}", dtype=leaf.dtype, shape=(None, *value.shape[1:])
+        )
+        placeholders.append(ph)
+        replacements[leaf] = ph
+        data_names.append(observed_owner.get(leaf) or leaf.name or f"data_{i}")
+        data_arrays.append(value)
+
+    rows_graph, logprior_graph = _replace_shared_scalars(
+        [rows_graph, logprior_graph], keep=set(leaves)
+    )
+    rows_graph = clone_replace([rows_graph], replace=replacements, rebuild_strict=False)[0]
+    rows_graph = _rows_to_batch_length(rows_graph, data_size, placeholders[0].shape[0])
+
+    ip = model.initial_point()
+    _probe_rows(model, sampled, fixed, placeholders, data_arrays, rows_graph, ip, mb_names, data_size)
+    infos = tuple(
+        VarInfo(v.name, tuple(np.shape(ip[v.name])), str(v.dtype)) for v in sampled
+    )
+    fixed_infos = tuple(
+        VarInfo(v.name, tuple(np.shape(ip[v.name])), str(v.dtype)) for v in fixed
+    )
+    problem = MinibatchProblem(
+        model=model,
+        var_infos=infos,
+        fixed_infos=fixed_infos,
+        data_names=tuple(data_names),
+        data=tuple(data_arrays),
+        data_size=data_size,
+        minibatched_observed=tuple(mb_names),
+        full_observed=tuple(rv.name for rv in full_rvs),
+        dtype=str(pytensor.config.floatX),
+        _inputs=list(sampled) + list(fixed),
+        _batch_inputs=placeholders,
+        _logprior_graph=logprior_graph,
+        _rows_graph=rows_graph,
+    )
+    return problem
+
+
+def _probe_rows(
+    model: pm.Model,
+    sampled: list[Variable],
+    fixed: list[Variable],
+    placeholders: list[Variable],
+    data_arrays: list[np.ndarray],
+    rows_graph: Variable,
+    initial_point: dict[str, np.ndarray],
+    mb_names: list[str],
+    data_size: int,
+) -> None:
+    """Evaluate the row graph on a 2-row batch (NumPy, no JAX) to catch misaligned data.
+
+    A container the likelihood reads whose row count disagrees with ``N`` (say ``X`` with one
+    row more than ``y``) is not sliced, so the batch's rows would broadcast against all of it;
+    that surfaces here as a shape error, reported with every container's leading length.
+    """
+    probe_rows = min(2, data_size)
+    fn = pytensor.function(
+        [*sampled, *fixed, *placeholders],
+        rows_graph,
+        mode="FAST_COMPILE",
+        on_unused_input="ignore",
+    )
+    args = [initial_point[v.name] for v in (*sampled, *fixed)]
+    args += [a[:probe_rows] for a in data_arrays]
+    problem = None
+    try:
+        out = np.asarray(fn(*args))
+        if out.shape != (probe_rows,):
+            problem = f"a {probe_rows}-row minibatch gave log-likelihood rows of shape {out.shape}"
+    except (ValueError, IndexError, AssertionError) as err:
+        problem = f"{type(err).__name__}: {str(err).splitlines()[0]}"
+    if problem is None:
+        return
+    lengths = {}
+    for v in graph_inputs(model.logp(vars=[model.named_vars[n] for n in mb_names], sum=False)):
+        value = _data_leaf_value(v)
+        if value is not None and value.ndim >= 1 and isinstance(v, SharedVariable | Constant):
+            label = v.name or f"array{value.shape}"
+            lengths[label] = int(value.shape[0])
+    raise DataShapeError(
+        f"The data of the minibatched likelihood ({mb_names}) are not row-aligned: the "
+        f"observed data have N={data_size} rows, and the data containers they read have "
+        f"leading lengths {lengths} ({problem}). Give every row-aligned container (X, y, "
+        "group indices...) the same number of rows, or name the containers to minibatch "
+        "with minibatch_data=[...]."
+    )
