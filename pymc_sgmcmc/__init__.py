@@ -1,1 +1,41 @@
-"""Stochastic-gradient MCMC for PyMC."""
+"""Stochastic-gradient MCMC for PyMC, compiled with JAX.
+
+Inside a model block::
+
+    import pymc as pm
+    import pymc_sgmcmc as pmsg
+
+    with model:
+        idata = pm.sample(step=pmsg.SGLD(batch_size=256), random_seed=1)
+"""
+
+from __future__ import annotations
+
+import pymc as pm
+
+from pymc_sgmcmc import schedules
+from pymc_sgmcmc._multiprocessing import install as _install_mp
+from pymc_sgmcmc.bridge import MinibatchProblem, build_problem
+from pymc_sgmcmc.errors import DataShapeError, DivergenceError, ModelNotSupportedError
+from pymc_sgmcmc.step_methods import SGLD, ConstantSGD, SGMCMCStep
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SGLD",
+    "ConstantSGD",
+    "DataShapeError",
+    "DivergenceError",
+    "MinibatchProblem",
+    "ModelNotSupportedError",
+    "SGMCMCStep",
+    "build_problem",
+    "schedules",
+]
+
+# Listed with PyMC's step methods (so step_kwargs by name and tooling see them); their
+# competence is INCOMPATIBLE, so pm.sample never assigns them unless the user names them.
+for _cls in (ConstantSGD, SGLD):
+    if _cls not in pm.STEP_METHODS:
+        pm.STEP_METHODS.append(_cls)
+_install_mp()

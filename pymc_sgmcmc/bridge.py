@@ -29,12 +29,12 @@ import pytensor
 import pytensor.tensor as pt
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Constant, Variable
+from pytensor.graph.replace import clone_replace
 from pytensor.graph.traversal import ancestors, graph_inputs
 from pytensor.tensor.basic import Alloc, get_underlying_scalar_constant_value
 from pytensor.tensor.exceptions import NotScalarConstantError
-from pytensor.tensor.shape import SpecifyShape
-from pytensor.graph.replace import clone_replace
 from pytensor.tensor.random.type import RandomType
+from pytensor.tensor.shape import SpecifyShape
 
 from pymc_sgmcmc.errors import DataShapeError, ModelNotSupportedError
 

@@ -1,0 +1,98 @@
+r"""Online estimates that tune the samplers: gradient-noise covariance and step sizes.
+
+Gradient noise. With per-example gradients :math:`g_n = \nabla \log p(x_n \mid \theta)`
+of a minibatch, the unbiased sample covariance estimates the per-datum covariance
+:math:`C = \mathrm{Cov}_n[g_n]` (``../ALGORITHMS.md``, notation). Estimates taken at successive
+draws are averaged with weight :math:`\kappa_t = 1/t` (a running mean), which Mandt et al.
+(2017, §4.1, eq. 21) use to smooth the noisy per-minibatch estimate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "NoiseEstimate",
+    "gradient_noise",
+    "kl_optimal_scalar_step",
+    "sgld_step_size",
+]
+
+
+def gradient_noise(per_example_grads: jax.Array, full: bool = False) -> jax.Array:
+    """Unbiased sample (co)variance of per-example gradients ``(B, D)``: ``(D,)`` or ``(D, D)``."""
+    centred = per_example_grads - per_example_grads.mean(axis=0)
+    denom = max(per_example_grads.shape[0] - 1, 1)
+    if full:
+        return centred.T @ centred / denom
+    return jnp.sum(centred * centred, axis=0) / denom
+
+
+@dataclass
+class NoiseEstimate:
+    """Running mean of gradient-noise estimates over doubling windows, on the host.
+
+    Within a window the weight is ``κ_t = 1/t`` (Mandt et al. 2017, eq. 21). The early draws of
+    tuning are taken far from the mode, where the gradient noise is larger, so the mean is
+    restarted after 1, 2, 4, 8, … updates (as Stan restarts its adaptation windows); the
+    estimate in force at the end of tuning averages the last window, about half of the
+    tuning draws.
+    """
+
+    count: int = 0
+    window: int = 1
+    value: np.ndarray | None = field(default=None)
+
+    def update(self, estimate: np.ndarray) -> np.ndarray:
+        estimate = np.asarray(estimate, dtype=np.float64)
+        if self.count >= self.window:
+            self.count, self.window = 0, 2 * self.window
+        self.count += 1
+        if self.value is None or self.count == 1:
+            self.value = estimate.copy()
+        else:
+            self.value += (estimate - self.value) / self.count
+        return self.value
+
+    def reset(self) -> None:
+        self.count, self.window, self.value = 0, 1, None
+
+
+def kl_optimal_scalar_step(noise_trace: float, dim: int, data_size: int, batch_size: int) -> float:
+    r"""Theorem 1 of Mandt et al. (2017) in this package's N-scale notation.
+
+    :math:`P^* = 2 B D / (N^2 \operatorname{Tr} C)` — the scalar rate of
+    :math:`\theta \leftarrow \theta - P \hat g` that minimises KL(stationary ‖ posterior).
+    """
+    return float(2.0 * batch_size * dim / (data_size**2 * max(noise_trace, 1e-300)))
+
+
+def sgld_step_size(
+    noise_diag: np.ndarray,
+    data_size: int,
+    batch_size: int,
+    rmsprop: bool,
+    target_bias: float,
+) -> float:
+    r"""The largest constant SGLD step whose stationary variance inflation is ``target_bias``.
+
+    For a Gaussian target with per-coordinate curvature :math:`a_k = N C_{kk}` (the Fisher
+    identity, exact for well-specified models near the mode) and minibatch-gradient noise
+    variance :math:`s_k^2 = N^2 C_{kk} / B`, one SGLD step
+    :math:`\theta' = \theta - \tfrac{\epsilon}{2}(a\theta + s\xi_1) + \sqrt{\epsilon}\,\xi_2`
+    has stationary variance :math:`(1 + \epsilon s^2/4) / (a (1 - \epsilon a / 4))`, i.e. a
+    relative inflation of about :math:`\epsilon (s^2 + a)/4` (Mandt et al. 2017, §5.1).
+    Setting that to ``target_bias`` in the worst coordinate gives
+    :math:`\epsilon = 4\delta / \max_k (N^2 C_{kk}/B + N C_{kk})`. With the RMSprop
+    preconditioner :math:`G_k \approx 1/s_k` the inflation is :math:`\epsilon s_k / 4`, so
+    :math:`\epsilon = 4\delta / \max_k s_k`.
+    """
+    noise_diag = np.maximum(np.asarray(noise_diag, dtype=np.float64), 1e-300)
+    s2 = data_size**2 * noise_diag / batch_size + data_size * noise_diag
+    if rmsprop:
+        return float(4.0 * target_bias / np.sqrt(s2).max())
+    return float(4.0 * target_bias / s2.max())
