@@ -255,12 +255,12 @@ def _leaf_label(model: pm.Model, var: Variable, observed_owner: dict[Variable, s
     return f"a constant array of shape {np.shape(_data_leaf_value(var))}"
 
 
-def _replace_shared_scalars(graphs: list[Variable], keep: set[Variable]) -> list[Variable]:
+def _replace_shared_scalars(graphs: list[Variable]) -> list[Variable]:
     """Freeze the remaining shared variables (dim lengths, unsliced pm.Data) as constants."""
     shared = [
         v
         for v in graph_inputs(graphs)
-        if isinstance(v, SharedVariable) and not isinstance(v.type, RandomType) and v not in keep
+        if isinstance(v, SharedVariable) and not isinstance(v.type, RandomType)
     ]
     replacements = {v: pt.constant(v.get_value(borrow=True), dtype=v.dtype) for v in shared}
     return clone_replace(graphs, replace=replacements) if replacements else graphs
@@ -444,9 +444,13 @@ def build_problem(
         )
 
     # --- graphs ---------------------------------------------------------------------------
+    mb_names = [rv.name for rv in mb_rvs]
     row_terms = []
     for rv in mb_rvs:
-        term = model.logp(vars=[rv], sum=False)[0]
+        try:
+            term = model.logp(vars=[rv], sum=False)[0]
+        except (ValueError, AssertionError) as err:
+            raise _misaligned(model, mb_names, data_size, err) from err
         if term.ndim == 0:
             raise DataShapeError(
                 f"Observed variable {rv.name!r} has a scalar log-likelihood, so it cannot be "
@@ -470,8 +474,6 @@ def build_problem(
             for v in graph_inputs([rows_graph])
             if _data_leaf_value(v) is not None and leading(v) == data_size
         ]
-    mb_names = [rv.name for rv in mb_rvs]
-
     placeholders = []
     replacements = {}
     data_names = []
@@ -487,11 +489,12 @@ def build_problem(
         data_names.append(observed_owner.get(leaf) or leaf.name or f"data_{i}")
         data_arrays.append(value)
 
-    rows_graph, logprior_graph = _replace_shared_scalars(
-        [rows_graph, logprior_graph], keep=set(leaves)
-    )
-    rows_graph = clone_replace([rows_graph], replace=replacements, rebuild_strict=False)[0]
-    rows_graph = _rows_to_batch_length(rows_graph, data_size, placeholders[0].shape[0])
+    try:
+        rows_graph = clone_replace([rows_graph], replace=replacements, rebuild_strict=False)[0]
+        rows_graph, logprior_graph = _replace_shared_scalars([rows_graph, logprior_graph])
+        rows_graph = _rows_to_batch_length(rows_graph, data_size, placeholders[0].shape[0])
+    except (ValueError, AssertionError) as err:
+        raise _misaligned(model, mb_names, data_size, err) from err
 
     ip = model.initial_point()
     _probe_rows(model, sampled, fixed, placeholders, data_arrays, rows_graph, ip, mb_names, data_size)
@@ -545,25 +548,34 @@ def _probe_rows(
     )
     args = [initial_point[v.name] for v in (*sampled, *fixed)]
     args += [a[:probe_rows] for a in data_arrays]
-    problem = None
     try:
         out = np.asarray(fn(*args))
-        if out.shape != (probe_rows,):
-            problem = f"a {probe_rows}-row minibatch gave log-likelihood rows of shape {out.shape}"
     except (ValueError, IndexError, AssertionError) as err:
-        problem = f"{type(err).__name__}: {str(err).splitlines()[0]}"
-    if problem is None:
-        return
+        raise _misaligned(model, mb_names, data_size, err) from err
+    if out.shape != (probe_rows,):
+        raise _misaligned(
+            model,
+            mb_names,
+            data_size,
+            f"a {probe_rows}-row minibatch gave log-likelihood rows of shape {out.shape}",
+        )
+
+
+def _misaligned(
+    model: pm.Model, mb_names: list[str], data_size: int, problem: object
+) -> DataShapeError:
+    """The error for row-misaligned data, listing every data container's leading length."""
+    if isinstance(problem, BaseException):
+        problem = f"{type(problem).__name__}: {str(problem).splitlines()[0]}"
     lengths = {}
-    for v in graph_inputs(model.logp(vars=[model.named_vars[n] for n in mb_names], sum=False)):
+    for v in model.data_vars:
         value = _data_leaf_value(v)
-        if value is not None and value.ndim >= 1 and isinstance(v, SharedVariable | Constant):
-            label = v.name or f"array{value.shape}"
-            lengths[label] = int(value.shape[0])
-    raise DataShapeError(
+        if value is not None and value.ndim >= 1:
+            lengths[v.name] = int(value.shape[0])
+    return DataShapeError(
         f"The data of the minibatched likelihood ({mb_names}) are not row-aligned: the "
-        f"observed data have N={data_size} rows, and the data containers they read have "
-        f"leading lengths {lengths} ({problem}). Give every row-aligned container (X, y, "
-        "group indices...) the same number of rows, or name the containers to minibatch "
-        "with minibatch_data=[...]."
+        f"observed data have N={data_size} rows, and the data containers have leading "
+        f"lengths {lengths} ({problem}). Give every row-aligned container (X, y, group "
+        "indices...) the same number of rows, or name the containers to minibatch with "
+        "minibatch_data=[...]."
     )

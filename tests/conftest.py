@@ -1,0 +1,75 @@
+"""Shared models (all written in PyMC) and their closed-form posteriors."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import pymc as pm
+import pytest
+
+warnings.filterwarnings("ignore", message=".*BLAS.*")
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+@dataclass
+class ConjugateRegression:
+    """y = X β + ε, ε ~ N(0, σ²) with σ known, β ~ N(0, τ² I): a Gaussian posterior."""
+
+    X: np.ndarray
+    y: np.ndarray
+    noise_sd: float
+    prior_sd: float
+
+    @property
+    def precision(self) -> np.ndarray:
+        d = self.X.shape[1]
+        return self.X.T @ self.X / self.noise_sd**2 + np.eye(d) / self.prior_sd**2
+
+    @property
+    def cov(self) -> np.ndarray:
+        return np.linalg.inv(self.precision)
+
+    @property
+    def mean(self) -> np.ndarray:
+        return self.cov @ self.X.T @ self.y / self.noise_sd**2
+
+    @property
+    def sd(self) -> np.ndarray:
+        return np.sqrt(np.diag(self.cov))
+
+    def per_datum_grad_cov(self, beta: np.ndarray) -> np.ndarray:
+        """Population covariance over rows of ∇ log p(y_n | β) (the C of the theory)."""
+        grads = self.X * ((self.y - self.X @ beta) / self.noise_sd**2)[:, None]
+        return np.cov(grads, rowvar=False, bias=True)
+
+    def model(self, dims: bool = True) -> pm.Model:
+        n, d = self.X.shape
+        coords = {"obs": np.arange(n), "feature": [f"x{i}" for i in range(d)]}
+        with pm.Model(coords=coords) as model:
+            X = pm.Data("X", self.X, dims=("obs", "feature"))
+            beta = pm.Normal("beta", 0.0, self.prior_sd, dims="feature")
+            mu = pm.Deterministic("mu_first", (X @ beta)[0])
+            del mu
+            pm.Normal("y", X @ beta, self.noise_sd, observed=self.y, dims="obs")
+        return model
+
+
+def make_regression(n: int, d: int, seed: int = 0, rho: float = 0.3) -> ConjugateRegression:
+    rng = np.random.default_rng(seed)
+    cov = (1 - rho) * np.eye(d) + rho * np.ones((d, d))
+    X = rng.multivariate_normal(np.zeros(d), cov, size=n)
+    beta = rng.normal(size=d)
+    y = X @ beta + rng.normal(size=n)
+    return ConjugateRegression(X=X, y=y, noise_sd=1.0, prior_sd=1.0)
+
+
+@pytest.fixture(scope="session")
+def small_regression() -> ConjugateRegression:
+    return make_regression(2_000, 3, seed=1)
+
+
+@pytest.fixture(scope="session")
+def regression_10k() -> ConjugateRegression:
+    return make_regression(10_000, 5, seed=2)
