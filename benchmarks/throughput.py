@@ -445,6 +445,36 @@ def _git_state() -> str:
     return f"{head}{' + uncommitted changes in pymc_sgmcmc/' if dirty else ''}"
 
 
+def system_busy_seconds() -> float:
+    """CPU-seconds spent busy by the whole machine since boot (``/proc/stat``; NaN elsewhere)."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return math.nan
+    user, nice, system, _idle, _iowait, irq, softirq = fields[:7]
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+class ContentionMeter:
+    """CPU used by *other* processes while this one runs: machine busy time minus our own.
+
+    Timings on a shared machine are only comparable when this is near zero.
+    """
+
+    def __init__(self) -> None:
+        self.busy0, self.own0, self.wall0 = (
+            system_busy_seconds(),
+            time.process_time(),
+            time.perf_counter(),
+        )
+
+    def other_cores(self) -> float:
+        """Mean number of cores other processes kept busy since construction."""
+        busy = system_busy_seconds() - self.busy0
+        own = time.process_time() - self.own0
+        return max(busy - own, 0.0) / (time.perf_counter() - self.wall0)
+
+
 def machine_info() -> dict[str, str]:
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
     return {
@@ -592,6 +622,7 @@ def main(argv: Sequence[str] | None = None) -> Results:
     logging.getLogger("pymc").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
     t0 = time.perf_counter()
+    contention = ContentionMeter()
     info = machine_info()
     for k, v in info.items():
         log(f"{k}: {v}")
@@ -649,6 +680,13 @@ def main(argv: Sequence[str] | None = None) -> Results:
         gc.collect()
 
     elapsed = time.perf_counter() - t0
+    info["load average at end (1/5/15 min)"] = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    others = contention.other_cores()
+    info["CPU used by other processes during the run"] = f"{others:.2f} cores on average" + (
+        " — TIMINGS CONTAMINATED, rerun on an idle machine" if others > 0.1 else ""
+    )
+    if others > 0.1:
+        log(f"WARNING: other processes used {others:.2f} cores on average during the run")
     argv_used = list(sys.argv[1:] if argv is None else argv)
     command = shlex.join(["python", "benchmarks/throughput.py", *argv_used])
     section = render_section(r, command, info, elapsed)

@@ -4,19 +4,26 @@ Two schemes, both unbiased for the full-data gradient:
 
 ``"blocks"`` (default)
     The rows are shuffled **once** (a fixed permutation) and the first ``B − 1`` rows are
-    appended at the end. A minibatch is the contiguous block of ``B`` rows starting at an
-    offset drawn uniformly from ``0..N−1``, read with ``lax.dynamic_slice``. Each row lies in
-    exactly ``B`` of the ``N`` possible blocks, so it is included with probability ``B/N`` and
-    the minibatch gradient is unbiased. Within a block the rows are distinct (sampling without
-    replacement), so the gradient-noise covariance is ``(N²/B)·C·(N − B)/(N − 1)`` rather than
-    ``(N²/B)·C``: identical for ``B ≪ N`` and never larger. Only ``N`` distinct minibatches
-    exist (instead of ``C(N, B)``); because the permutation is random this adds no bias, and
-    it makes one pass over the data about as fast as a full-data gradient (contiguous memory
-    reads, no gather).
+    appended at the end. A minibatch is ``B / s`` contiguous sub-blocks of ``s`` rows, each
+    starting at an offset drawn uniformly from ``0..N−1`` (read with a vmapped
+    ``lax.dynamic_slice``). Every row is included with probability ``B/N`` per sub-block
+    draw, so the minibatch gradient is unbiased.
+
+    Why sub-blocks and not one block of ``B`` rows: with a single fixed permutation there are
+    only ``N`` distinct blocks, and neighbouring rows of the permutation always travel
+    together. The gradient-noise covariance over blocks then deviates from ``(N²/B)·C`` by a
+    random relative error of about ``√(2s/N)`` for blocks of ``s`` rows (measured: with
+    ``s = B = 100`` and ``N = 10⁴``, constant SGD's stationary variances were 8–22% too small,
+    and exact with i.i.d. rows). Constant SGD and IASG *are* their gradient noise, so the
+    sub-block length is chosen as the largest divisor of ``B`` with ``√(2s/N) ≤ 1%``
+    (``s ≤ N/20 000``; ``s = 1``, plain uniform draws, for ``N < 40 000``). Rows inside a
+    sub-block are distinct, so the noise covariance is ``(N²/B)·C·(N − s)/(N − 1)`` —
+    :func:`noise_factor`. Reading ``s`` contiguous rows at a time keeps a pass over large data
+    close to the speed of a full-data gradient.
 ``"random"``
     ``B`` indices drawn uniformly **with replacement** every step and gathered
-    (``jnp.take``). This is the textbook scheme the theory assumes; it is several times slower
-    per pass on large ``N`` because of the random-access gather.
+    (``jnp.take``). This is the textbook scheme the theory assumes; it is slower per pass on
+    large ``N`` because of the random-access gather.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["MinibatchScheme", "draw_minibatch", "layout_data"]
+__all__ = ["MinibatchScheme", "block_rows", "draw_minibatch", "layout_data", "noise_factor"]
 
 MinibatchScheme = Literal["blocks", "random"]
 SHUFFLE_SEED = 20170101  # the data permutation is part of the problem, not of a chain
@@ -51,6 +58,20 @@ def layout_data(
     return tuple(out)
 
 
+def block_rows(data_size: int, batch_size: int, max_relative_error: float = 0.01) -> int:
+    """Sub-block length ``s``: the largest divisor of ``B`` with ``√(2s/N) ≤ max_relative_error``."""
+    limit = max(1, int(data_size * max_relative_error**2 / 2))
+    return max(d for d in range(1, batch_size + 1) if batch_size % d == 0 and d <= limit)
+
+
+def noise_factor(data_size: int, batch_size: int, scheme: MinibatchScheme) -> float:
+    """Ratio of the minibatch-gradient noise covariance to ``(N²/B)·C`` for ``scheme``."""
+    if scheme == "random":
+        return 1.0
+    s = block_rows(data_size, batch_size)
+    return (data_size - s) / (data_size - 1) if data_size > 1 else 1.0
+
+
 def draw_minibatch(
     rng_key: jax.Array,
     data: Sequence[jax.Array],
@@ -60,9 +81,13 @@ def draw_minibatch(
 ) -> tuple[jax.Array, ...]:
     """Draw one minibatch of ``batch_size`` rows from data laid out by :func:`layout_data`."""
     if scheme == "blocks":
-        start = jax.random.randint(rng_key, (), 0, data_size)
-        return tuple(
-            jax.lax.dynamic_slice_in_dim(a, start, batch_size, axis=0) for a in data
-        )
+        s = block_rows(data_size, batch_size)
+        starts = jax.random.randint(rng_key, (batch_size // s,), 0, data_size)
+
+        def take(a: jax.Array) -> jax.Array:
+            blocks = jax.vmap(lambda st: jax.lax.dynamic_slice_in_dim(a, st, s, axis=0))(starts)
+            return blocks.reshape((batch_size, *a.shape[1:]))
+
+        return tuple(take(a) for a in data)
     idx = jax.random.randint(rng_key, (batch_size,), 0, data_size)
     return tuple(jnp.take(a, idx, axis=0) for a in data)
