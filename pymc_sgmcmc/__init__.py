@@ -17,11 +17,12 @@ from pymc_sgmcmc import schedules
 from pymc_sgmcmc._multiprocessing import install as _install_mp
 from pymc_sgmcmc.bridge import MinibatchProblem, build_problem
 from pymc_sgmcmc.errors import DataShapeError, DivergenceError, ModelNotSupportedError
-from pymc_sgmcmc.step_methods import SGLD, ConstantSGD, SGMCMCStep
+from pymc_sgmcmc.step_methods import IASG, SGLD, ConstantSGD, SGMCMCStep
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "IASG",
     "SGLD",
     "ConstantSGD",
     "DataShapeError",
@@ -35,7 +36,7 @@ __all__ = [
 
 # Listed with PyMC's step methods (so step_kwargs by name and tooling see them); their
 # competence is INCOMPATIBLE, so pm.sample never assigns them unless the user names them.
-for _cls in (ConstantSGD, SGLD):
+for _cls in (ConstantSGD, SGLD, IASG):
     if _cls not in pm.STEP_METHODS:
         pm.STEP_METHODS.append(_cls)
 _install_mp()

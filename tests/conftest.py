@@ -73,3 +73,9 @@ def small_regression() -> ConjugateRegression:
 @pytest.fixture(scope="session")
 def regression_10k() -> ConjugateRegression:
     return make_regression(10_000, 5, seed=2)
+
+
+@pytest.fixture(scope="session")
+def regression_d10() -> ConjugateRegression:
+    """Mandt et al. §7.2's setting: linear regression, D = 10, known noise (A = C holds)."""
+    return make_regression(10_000, 10, seed=3)

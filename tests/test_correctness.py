@@ -67,7 +67,7 @@ def test_constant_sgd_stationary_covariance_solves_the_lyapunov_equation(regress
             tune=200,
             chains=2,
             cores=1,
-            step=pmsg.ConstantSGD(batch_size=batch),
+            step=pmsg.ConstantSGD(batch_size=batch, preconditioner="scalar"),
             random_seed=7,
             progressbar=False,
             compute_convergence_checks=False,

@@ -1,0 +1,114 @@
+"""Automatically tuned samplers against exact and NUTS posteriors (Mandt et al. 2017).
+
+Tolerances as in ``test_correctness.py``: means within 0.15 posterior sd, marginal sds within
+15%, correlations within 0.1, each asserted together with an ESS large enough that the
+threshold is at least 3.5 Monte Carlo sds (a correlation ρ has MC sd ≈ (1 − ρ²)/√ESS).
+"""
+
+from __future__ import annotations
+
+import arviz as az
+import numpy as np
+import pymc as pm
+import pytest
+import scipy.linalg
+
+import pymc_sgmcmc as pmsg
+from pymc_sgmcmc.minibatch import noise_factor
+
+pytestmark = pytest.mark.slow
+Z = 3.5
+SAMPLE = dict(chains=2, cores=1, random_seed=11, progressbar=False, compute_convergence_checks=False)
+
+
+def _flat(idata, var):
+    values = idata.posterior[var].values
+    return values.reshape(values.shape[0] * values.shape[1], -1)
+
+
+def _ess(idata, var):
+    return float(az.ess(idata, var_names=[var])[var].min())
+
+
+def _check_gaussian(draws, mean, cov, ess):
+    sd = np.sqrt(np.diag(cov))
+    assert 0.15 >= Z / np.sqrt(ess) and 0.15 >= Z / np.sqrt(2 * ess) and 0.1 >= Z / np.sqrt(ess)
+    z = np.abs(draws.mean(0) - mean) / sd
+    ratio = draws.std(0) / sd
+    corr_err = np.abs(np.corrcoef(draws, rowvar=False) - cov / np.outer(sd, sd))
+    assert np.all(z < 0.15), f"mean errors in sds: {np.round(z, 3)}"
+    assert np.all(np.abs(ratio - 1) < 0.15), f"sd ratios: {np.round(ratio, 3)}"
+    assert corr_err.max() < 0.1, f"max correlation error {corr_err.max():.3f}"
+
+
+@pytest.mark.parametrize(
+    "make_step",
+    [
+        pytest.param(lambda: pmsg.ConstantSGD(batch_size=100, preconditioner="full"), id="constant_sgd_full"),
+        pytest.param(lambda: pmsg.IASG(batch_size=100), id="iasg"),
+    ],
+)
+def test_exact_posterior_of_a_d10_regression(regression_d10, make_step):
+    reg = regression_d10
+    with reg.model():
+        step = make_step()
+        idata = pm.sample(draws=1200, tune=50, step=step, **SAMPLE)
+    ess = _ess(idata, "beta")
+    _check_gaussian(_flat(idata, "beta"), reg.mean, reg.cov, ess)
+    if isinstance(step, pmsg.IASG):
+        # nearly independent draws at one pass over the data per draw
+        assert ess / 2400 >= 0.5, f"IASG ESS per draw {ess / 2400:.2f}"
+        passes = idata.sample_stats["data_passes"].values
+        np.testing.assert_allclose(np.diff(passes, axis=1), 1.0, rtol=0.01)
+
+
+def test_scalar_constant_sgd_matches_the_ou_prediction_for_theorem_1_rate(regression_d10):
+    reg = regression_d10
+    n, batch = reg.X.shape[0], 100
+    with reg.model():
+        idata = pm.sample(
+            draws=3000, tune=50, step=pmsg.ConstantSGD(batch_size=batch, preconditioner="scalar"), **SAMPLE
+        )
+    c = reg.per_datum_grad_cov(reg.mean)
+    noise = n**2 * c / batch * noise_factor(n, batch, "blocks")
+    beta = idata.posterior["beta"].values
+    for chain in range(beta.shape[0]):
+        ess = float(az.ess(idata.sel(chain=[chain]), var_names=["beta"])["beta"].min())
+        assert 0.15 >= Z * np.sqrt(2 / ess)
+        p = float(idata.sample_stats["step_size"].values[chain, -1])
+        # the tuned rate is Theorem 1's ε* = 2BD/(N² tr C) up to the estimate's noise
+        np.testing.assert_allclose(p, 2 * batch * 10 / (n**2 * np.trace(c)), rtol=0.05)
+        predicted = scipy.linalg.solve_continuous_lyapunov(reg.precision, p * noise)
+        ratio = np.diag(np.cov(beta[chain], rowvar=False)) / np.diag(predicted)
+        assert np.all(np.abs(ratio - 1) < 0.15), f"chain {chain}: variance ratios {np.round(ratio, 3)}"
+
+
+def test_temperature_scales_the_posterior_covariance(regression_d10):
+    reg = regression_d10
+    with reg.model():
+        idata = pm.sample(draws=1200, tune=50, step=pmsg.IASG(batch_size=100, temperature=2.0), **SAMPLE)
+    ess = _ess(idata, "beta")
+    _check_gaussian(_flat(idata, "beta"), reg.mean, 2.0 * reg.cov, ess)
+
+
+def test_iasg_logistic_regression_against_nuts():
+    rng = np.random.default_rng(5)
+    n, d = 50_000, 5
+    X = rng.normal(size=(n, d)) * [1.0, 0.5, 2.0, 1.0, 1.0]
+    true = rng.normal(size=d) * 0.5
+    y = rng.random(n) < 1 / (1 + np.exp(-(X @ true)))
+
+    def build():
+        with pm.Model() as model:
+            beta = pm.Normal("beta", 0, 1, shape=d)
+            pm.Bernoulli("y", logit_p=pm.Data("X", X) @ beta, observed=y)
+        return model
+
+    with build():
+        nuts = pm.sample(draws=1000, tune=500, **SAMPLE)
+    with build():
+        ours = pm.sample(draws=1200, tune=30, step=pmsg.IASG(batch_size=500), **SAMPLE)
+    ref = _flat(nuts, "beta")
+    ess = min(_ess(ours, "beta"), _ess(nuts, "beta"))
+    _check_gaussian(_flat(ours, "beta"), ref.mean(0), np.cov(ref, rowvar=False), ess)
+    assert _ess(ours, "beta") / 2400 >= 0.5

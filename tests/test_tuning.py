@@ -1,0 +1,84 @@
+"""Exact checks of the tuning formulas and of the online gradient-noise estimator."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pymc_sgmcmc as pmsg
+from pymc_sgmcmc.tuning import (
+    NoiseEstimate,
+    iasg_preconditioner,
+    kl_optimal_preconditioner,
+    sgld_step_size,
+)
+
+
+@pytest.fixture
+def known_noise():
+    rng = np.random.default_rng(0)
+    L = rng.normal(size=(4, 4))
+    return L @ L.T + 4 * np.eye(4)
+
+
+def test_kl_optimal_full_preconditioner_is_theorem_2(known_noise):
+    n, b = 10_000, 50
+    got = kl_optimal_preconditioner(known_noise, "full", n, b)
+    np.testing.assert_allclose(got, 2 * b / n**2 * np.linalg.inv(known_noise), rtol=1e-6)
+
+
+def test_kl_optimal_scalar_and_diagonal(known_noise):
+    n, b, d = 10_000, 50, 4
+    scalar = kl_optimal_preconditioner(known_noise, "scalar", n, b)
+    np.testing.assert_allclose(scalar, 2 * b * d / (n**2 * np.trace(known_noise)), rtol=1e-12)
+    diag = kl_optimal_preconditioner(known_noise, "diagonal", n, b)
+    np.testing.assert_allclose(diag, 2 * b / (n**2 * np.diag(known_noise)), rtol=1e-6)
+    # a (D,) diagonal estimate gives the same diagonal rate
+    np.testing.assert_allclose(
+        kl_optimal_preconditioner(np.diag(known_noise), "diagonal", n, b), diag, rtol=1e-12
+    )
+
+
+def test_iasg_preconditioner(known_noise):
+    got = iasg_preconditioner(known_noise, "full", 10_000, 0.5)
+    np.testing.assert_allclose(got, 0.5 / 10_000 * np.linalg.inv(known_noise), rtol=1e-6)
+
+
+def test_sgld_step_size_formula():
+    c = np.array([1.0, 4.0])
+    n, b = 1000, 10
+    eps = sgld_step_size(c, n, b, rmsprop=False, target_bias=0.05)
+    np.testing.assert_allclose(eps, 4 * 0.05 / (n**2 * 4.0 / b + n * 4.0), rtol=1e-12)
+
+
+def test_noise_estimate_windows():
+    est = NoiseEstimate()
+    values = [est.update(np.array([float(v)])).copy() for v in range(1, 9)]
+    # windows of 1, 2, 4, …: restart after update 1, 3 (=1+2), 7 (=1+2+4)
+    np.testing.assert_allclose(np.concatenate(values), [1, 2, 2.5, 4, 4.5, 5, 5.5, 8])
+
+
+def test_noise_estimator_converges_to_the_true_per_datum_covariance(regression_10k):
+    reg = regression_10k
+    with reg.model():
+        step = pmsg.ConstantSGD(batch_size=100)
+    step.set_rng(np.random.default_rng(0))
+    compiled = step._compile()
+    jax = compiled["jax"]
+    position = jax.numpy.asarray(reg.mean)
+    true_c = reg.per_datum_grad_cov(reg.mean)
+    est = NoiseEstimate()
+    for key in jax.random.split(jax.random.key(3), 127):
+        value = est.update(step._estimate_noise(position, (), key, full=True))
+    # The last window averages 64 estimates of 1024 rows: ~65 000 per-datum gradients, so
+    # each entry has relative sd ≈ √(2/65 000) ≈ 0.6% on the diagonal; 5% is ≥ 8 sds.
+    np.testing.assert_allclose(np.diag(value), np.diag(true_c), rtol=0.05)
+    corr = value / np.sqrt(np.outer(np.diag(value), np.diag(value)))
+    true_corr = true_c / np.sqrt(np.outer(np.diag(true_c), np.diag(true_c)))
+    np.testing.assert_allclose(corr, true_corr, atol=0.03)
+
+
+def test_fixed_step_size_with_a_matrix_preconditioner_is_refused(regression_10k):
+    with regression_10k.model():
+        with pytest.raises(ValueError, match="needs step_size='auto'"):
+            pmsg.ConstantSGD(step_size=1e-6, preconditioner="full")
