@@ -34,6 +34,12 @@ bare loop + loss stats (hand-written / bridge density)
     its ``minibatch_loss`` and ``grad_norm`` statistics. The value needs the transcendentals
     (``exp``, ``log1p``) that the gradient alone does not; the difference to the compiled
     draw below is the rest of the step method's bookkeeping (key splits, finiteness checks).
+bare loop, ``B/s`` blocks of ``s`` rows
+    Since the package's ``"blocks"`` scheme reads a minibatch as ``B/s`` contiguous
+    sub-blocks of ``s`` rows at independent offsets (``pymc_sgmcmc.minibatch.block_rows``;
+    ``s`` is printed), the hand-written loop and the bridge-density-plus-stats loop are also
+    timed with that layout. The latter does what the step method's compiled draw does, so the
+    two should be close.
 pmsg SGLD, ``step.step``
     ``pmsg.SGLD(batch_size=B, step_size=1e-6)`` (``thin = ceil(N/B)``, one pass per draw):
     seconds per call of ``step.step(point)`` after one warm-up call that compiles; this is
@@ -228,22 +234,36 @@ def block_layout(X: np.ndarray, y: np.ndarray, b: int, seed: int) -> tuple[jax.A
     )
 
 
-def make_bare_pass(n: int, b: int, grad_fn: GradFn, with_stats: bool = False) -> Callable[..., Any]:
+def read_block(a: jax.Array, starts: jax.Array, rows: int) -> jax.Array:
+    """Rows ``starts[i] : starts[i] + rows`` of ``a`` for every ``i``, concatenated."""
+    if starts.shape[0] == 1:
+        return jax.lax.dynamic_slice_in_dim(a, starts[0], rows)
+    blocks = jax.vmap(lambda st: jax.lax.dynamic_slice_in_dim(a, st, rows))(starts)
+    return blocks.reshape((-1, *a.shape[1:]))
+
+
+def make_bare_pass(
+    n: int, b: int, grad_fn: GradFn, with_stats: bool = False, sub_block: int | None = None
+) -> Callable[..., Any]:
     """Jitted ``(key, θ, X_padded, y_padded) -> θ`` after ``ceil(n/b)`` SGLD iterations.
 
     ``grad_fn(θ, X_batch, y_batch)`` returns the gradient, or with ``with_stats`` the pair
     ``(log-density, gradient)``; the loss and gradient norm are then stacked per iteration
     and averaged, as the step method does for its ``minibatch_loss`` / ``grad_norm`` stats.
+    A minibatch is one contiguous block of ``b`` rows, or ``b / sub_block`` blocks of
+    ``sub_block`` rows at independent offsets.
     """
     iterations = math.ceil(n / b)
+    rows = b if sub_block is None else sub_block
+    if b % rows:
+        raise ValueError(f"sub_block={rows} must divide the batch size {b}")
 
     @jax.jit
     def one_pass(key: jax.Array, theta: jax.Array, Xp: jax.Array, yp: jax.Array) -> Any:
         def body(theta: jax.Array, key: jax.Array) -> tuple[jax.Array, Any]:
             key_batch, key_noise = jax.random.split(key)
-            start = jax.random.randint(key_batch, (), 0, n)
-            xb = jax.lax.dynamic_slice_in_dim(Xp, start, b)
-            yb = jax.lax.dynamic_slice_in_dim(yp, start, b)
+            starts = jax.random.randint(key_batch, (b // rows,), 0, n)
+            xb, yb = read_block(Xp, starts, rows), read_block(yp, starts, rows)
             if with_stats:
                 value, g = grad_fn(theta, xb, yb)
                 stats = (-value, jnp.linalg.norm(g))
@@ -267,12 +287,21 @@ def time_bare_loop(
     repeats: int,
     calls: int,
     with_stats: bool = False,
+    sub_block: int | None = None,
 ) -> float:
     """Seconds per data pass of the hand-written SGLD scan."""
-    one_pass = make_bare_pass(n, b, grad_fn, with_stats)
+    one_pass = make_bare_pass(n, b, grad_fn, with_stats, sub_block)
     key, theta = jax.random.PRNGKey(0), jnp.zeros(Xp.shape[1])
     warm_up(lambda: one_pass(key, theta, Xp, yp))
     return best_time(lambda: one_pass(key, theta, Xp, yp), repeats, calls)
+
+
+def package_sub_block(n: int, b: int) -> int | None:
+    """Rows per contiguous read of pmsg's ``"blocks"`` minibatches (None: one block of B)."""
+    from pymc_sgmcmc import minibatch
+
+    block_rows = getattr(minibatch, "block_rows", None)
+    return None if block_rows is None else int(block_rows(n, b))
 
 
 def hand_logdensity(n: int, b: int) -> GradFn:
@@ -324,9 +353,9 @@ def time_step_method(
 
     def kernel_call() -> Any:
         key, state = step.chain_state
-        key, state, stats = c["draw"](key, state, c["data"], (), params)
-        step.chain_state = (key, state)
-        return state.position, stats
+        out = c["draw"](key, state, c["data"], (), params)  # (key, state, [...,] stats)
+        step.chain_state = (out[0], out[1])
+        return out
 
     kernel_call()
     t_kernel = best_time(kernel_call, repeats, calls)
@@ -405,6 +434,9 @@ class Results:
     bare_bridge: dict[int, float] = field(default_factory=dict)
     bare_stats: dict[int, float] = field(default_factory=dict)
     bare_bridge_stats: dict[int, float] = field(default_factory=dict)
+    sub_block: dict[int, int | None] = field(default_factory=dict)
+    bare_sub: dict[int, float] = field(default_factory=dict)
+    bare_bridge_stats_sub: dict[int, float] = field(default_factory=dict)
     blocks: dict[int, StepTiming] = field(default_factory=dict)
     random: dict[int, StepTiming] = field(default_factory=dict)
     overhead: dict[int, SampleOverhead] = field(default_factory=dict)
@@ -522,6 +554,18 @@ def render_table(r: Results) -> str:
             "bare loop + loss/grad-norm stats, bridge density (s / pass)",
             [_s(r.bare_bridge_stats[b]) for b in bs],
         ),
+        (
+            'pmsg `"blocks"` rows per contiguous read, s',
+            [str(r.sub_block[b] or b) for b in bs],
+        ),
+        (
+            "bare loop, hand-written density, B/s blocks of s rows (s / pass)",
+            [_s(r.bare_sub[b]) for b in bs],
+        ),
+        (
+            "bare loop + stats, bridge density, B/s blocks of s rows (s / pass)",
+            [_s(r.bare_bridge_stats_sub[b]) for b in bs],
+        ),
         ("pmsg SGLD blocks, `step.step` (s / pass)", [_s(r.blocks[b].step) for b in bs]),
         ("pmsg SGLD blocks, compiled draw only (s / pass)", [_s(r.blocks[b].kernel) for b in bs]),
         ("pmsg SGLD random, `step.step` (s / pass)", [_s(r.random[b].step) for b in bs]),
@@ -532,8 +576,8 @@ def render_table(r: Results) -> str:
         ),
         ("pmsg blocks per pass / bare loop", [_ratio(r.blocks[b].step, r.bare[b]) for b in bs]),
         (
-            "pmsg blocks compiled draw / bare loop + stats, bridge density",
-            [_ratio(r.blocks[b].kernel, r.bare_bridge_stats[b]) for b in bs],
+            "pmsg blocks compiled draw / bare loop + stats, bridge density, s-row blocks",
+            [_ratio(r.blocks[b].kernel, r.bare_bridge_stats_sub[b]) for b in bs],
         ),
         ("bare loop / full gradient", [_ratio(r.bare[b], r.full_grad) for b in bs]),
         ("pmsg random / pmsg blocks", [_ratio(r.random[b].step, r.blocks[b].step) for b in bs]),
@@ -659,6 +703,27 @@ def main(argv: Sequence[str] | None = None) -> Results:
             f"  s/pass: hand-written {r.bare[b]:.4f}, bridge density {r.bare_bridge[b]:.4f}; "
             f"with loss stats {r.bare_stats[b]:.4f} / {r.bare_bridge_stats[b]:.4f}"
         )
+        r.sub_block[b] = sub = package_sub_block(n, b)
+        if sub is None or sub == b:
+            r.bare_sub[b], r.bare_bridge_stats_sub[b] = r.bare[b], r.bare_bridge_stats[b]
+        else:
+            r.bare_sub[b] = time_bare_loop(
+                Xp, yp, n, b, jax.grad(hand_logdensity(n, b)), *timing, sub_block=sub
+            )
+            r.bare_bridge_stats_sub[b] = time_bare_loop(
+                Xp,
+                yp,
+                n,
+                b,
+                bridge_grad(problem, with_value=True),
+                *timing,
+                with_stats=True,
+                sub_block=sub,
+            )
+            log(
+                f"  {b // sub} blocks of {sub} rows: hand-written {r.bare_sub[b]:.4f}, "
+                f"bridge density + stats {r.bare_bridge_stats_sub[b]:.4f}"
+            )
         del Xp, yp
 
         for scheme, store in (("blocks", r.blocks), ("random", r.random)):

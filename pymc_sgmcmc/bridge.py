@@ -85,6 +85,7 @@ class MinibatchProblem:
     _batch_inputs: list[Variable] = field(repr=False)
     _logprior_graph: Variable = field(repr=False)
     _rows_graph: Variable = field(repr=False)
+    _jacobian_graph: Variable | None = field(default=None, repr=False)
     _jax_cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     # -- raveling -------------------------------------------------------------------------
@@ -127,6 +128,7 @@ class MinibatchProblem:
         Returns a dict with
 
         ``logprior(position, fixed) -> ()``, ``loglik_rows(position, fixed, batch) -> (B,)``,
+        ``log_jacobian(position, fixed) -> ()`` (the transforms' log-Jacobian alone),
         ``logdensity_and_grad(position, fixed, batch) -> ((), (D,))`` — the unbiased minibatch
         estimate ``logprior + (N/B) Σ_rows loglik`` and its gradient — and
         ``per_example_grads(position, fixed, batch) -> (B, D)`` (``jax.vmap`` over rows of the
@@ -153,6 +155,7 @@ def _register_jax_passthroughs() -> None:
     from pymc.logprob.utils import CheckParameterValue as _CPV  # noqa: F401  (same class)
     from pytensor.link.jax.dispatch import jax_funcify
     from pytensor.raise_op import Assert
+    from pytensor.tensor.basic import ARange
 
     def passthrough(op: Any, **kwargs: Any) -> Callable:
         def assert_fn(value: Any, *inps: Any) -> Any:
@@ -162,6 +165,34 @@ def _register_jax_passthroughs() -> None:
 
     jax_funcify.register(Assert)(passthrough)
     jax_funcify.register(CheckParameterValue)(passthrough)
+    jax_funcify.register(ARange)(_jax_funcify_arange)
+
+
+def _jax_funcify_arange(op: Any, node: Any, **kwargs: Any) -> Callable:
+    """PyTensor's JAX ``arange`` with its bounds cast to the output dtype first.
+
+    A Categorical's logp indexes rows with ``arange(0, n_rows, 1)`` whose constant bounds are
+    int8; under NumPy 2's promotion rules PyTensor's dispatch computes ``n_rows - int8(0)`` in
+    int8 and overflows once a minibatch has 128 rows or more.
+    """
+    import jax.numpy as jnp
+    from pytensor.graph.basic import Constant as _Constant
+    from pytensor.tensor.shape import Shape_i
+
+    constant_args = []
+    for arg in node.inputs:
+        if arg.owner and isinstance(arg.owner.op, Shape_i):
+            constant_args.append(None)
+        elif isinstance(arg, _Constant):
+            constant_args.append(int(arg.value))
+        else:
+            raise NotImplementedError("arange bounds must be constants or shapes under JAX")
+
+    def arange(start: Any, stop: Any, step: Any) -> Any:
+        args = [int(a) if c is None else c for a, c in zip((start, stop, step), constant_args, strict=True)]
+        return jnp.arange(*args, dtype=op.dtype)
+
+    return arange
 
 
 def _jaxify(inputs: list[Variable], outputs: list[Variable]) -> Callable:
@@ -184,6 +215,11 @@ def _build_jax_functions(problem: MinibatchProblem) -> dict[str, Callable]:
 
     n_sampled = len(problem.var_infos)
     logprior_raw = _jaxify(problem._inputs, [problem._logprior_graph])
+    jacobian_raw = (
+        _jaxify(problem._inputs, [problem._jacobian_graph])
+        if problem._jacobian_graph is not None
+        else None
+    )
     rows_raw = _jaxify(problem._inputs + problem._batch_inputs, [problem._rows_graph])
     infos = problem.var_infos
     fixed_dtypes = [v.dtype for v in problem.fixed_infos]
@@ -222,7 +258,13 @@ def _build_jax_functions(problem: MinibatchProblem) -> dict[str, Callable]:
 
     per_example = jax.vmap(jax.grad(one_row_loglik), in_axes=(None, None, 0))
 
+    def log_jacobian(position: jax.Array, fixed: Sequence[jax.Array] = ()) -> jax.Array:
+        if jacobian_raw is None:
+            return jnp.zeros((), dtype=position.dtype)
+        return jacobian_raw(*values(position, fixed))[0]
+
     return {
+        "log_jacobian": log_jacobian,
         "logprior": logprior,
         "loglik_rows": loglik_rows,
         "logdensity": logdensity,
@@ -465,6 +507,11 @@ def build_problem(
 
     prior_vars = list(model.free_RVs) + full_rvs + list(model.potentials)
     logprior_graph = model.logp(vars=prior_vars, sum=True)
+    # The transforms' log-Jacobian alone: point estimates (variational EM's hyperparameters)
+    # maximise the density of the variable itself, not of its unconstrained image.
+    jacobian_graph = model.logp(vars=list(model.free_RVs), jacobian=True, sum=True) - model.logp(
+        vars=list(model.free_RVs), jacobian=False, sum=True
+    )
 
     if forced_leaves is not None:
         leaves = list(forced_leaves)
@@ -491,7 +538,9 @@ def build_problem(
 
     try:
         rows_graph = clone_replace([rows_graph], replace=replacements, rebuild_strict=False)[0]
-        rows_graph, logprior_graph = _replace_shared_scalars([rows_graph, logprior_graph])
+        rows_graph, logprior_graph, jacobian_graph = _replace_shared_scalars(
+            [rows_graph, logprior_graph, jacobian_graph]
+        )
         rows_graph = _rows_to_batch_length(rows_graph, data_size, placeholders[0].shape[0])
     except (ValueError, AssertionError) as err:
         raise _misaligned(model, mb_names, data_size, err) from err
@@ -518,6 +567,7 @@ def build_problem(
         _batch_inputs=placeholders,
         _logprior_graph=logprior_graph,
         _rows_graph=rows_graph,
+        _jacobian_graph=jacobian_graph,
     )
     return problem
 

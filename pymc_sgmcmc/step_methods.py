@@ -24,8 +24,9 @@ from pymc.util import get_random_generator
 
 from pymc_sgmcmc.bridge import MinibatchProblem, build_problem
 from pymc_sgmcmc.errors import DivergenceError
+from pymc_sgmcmc.kernels.preconditioning import apply_preconditioner
 from pymc_sgmcmc.minibatch import MinibatchScheme, draw_minibatch, layout_data
-from pymc_sgmcmc.schedules import Schedule, as_schedule
+from pymc_sgmcmc.schedules import Schedule, as_schedule, polynomial_decay
 from pymc_sgmcmc.tuning import (
     FULL_MAX_DIM,
     NoiseEstimate,
@@ -33,12 +34,14 @@ from pymc_sgmcmc.tuning import (
     gradient_noise,
     iasg_preconditioner,
     kl_optimal_preconditioner,
+    lift_noise,
     sgld_step_size,
 )
 
 __all__ = ["IASG", "SGLD", "ConstantSGD", "SGMCMCStep"]
 
 DEFAULT_BATCH_SIZE = 256
+EXACT_DIAG_MAX_DIM = 64
 
 
 @dataclass_state
@@ -217,7 +220,13 @@ class SGMCMCStep(BlockedStep):
                 batch = draw_minibatch(key_batch, data, n, b, scheme)
 
                 def grad_fn(position):
-                    return logdensity_and_grad(position, fixed, batch)
+                    value, grad = logdensity_and_grad(position, fixed, batch)
+                    if "hyper_mask" in params:
+                        # Point-estimated coordinates ascend the density without the
+                        # transform's Jacobian (see ConstantSGD's hyper_vars).
+                        jac = jax.grad(fns["log_jacobian"])(position, fixed)
+                        grad = grad - params["hyper_mask"] * jac
+                    return value, grad
 
                 state, info = kernel_step(key_step, state, grad_fn, params)
                 return (state, position_sum + state.position), info
@@ -243,14 +252,44 @@ class SGMCMCStep(BlockedStep):
 
         def noise(key, position, fixed, data, full):
             # Uniform rows with replacement (the first N rows of either layout are the data);
-            # per-example gradients by vmap; unbiased sample (co)variance.
-            batch = draw_minibatch(key, data, n, noise_rows, "random")
-            return gradient_noise(fns["per_example_grads"](position, fixed, batch), full=full)
+            # per-example gradients by vmap; unbiased sample (co)variance. Also the diagonal
+            # Hessian of the potential on the same rows: exact (one Hessian-vector product
+            # per unit vector) up to 64 dimensions, else Hutchinson's estimator
+            # diag(H) ≈ mean_z z ⊙ Hz over 16 Rademacher probes.
+            key_rows, key_probe = jax.random.split(key)
+            batch = draw_minibatch(key_rows, data, n, noise_rows, "random")
+            c = gradient_noise(fns["per_example_grads"](position, fixed, batch), full=full)
+            grad_u = jax.grad(lambda th: -fns["logdensity"](th, fixed, batch))
+            dim = position.shape[0]
+            if dim <= EXACT_DIAG_MAX_DIM:
+                probes = jnp.eye(dim, dtype=position.dtype)  # exact diagonal
+            else:
+                probes = jax.random.rademacher(key_probe, (16, dim), dtype=position.dtype)
+            hvp = jax.lax.map(lambda z: jax.jvp(grad_u, (position,), (z,))[1], probes)
+            scale = 1.0 if dim <= EXACT_DIAG_MAX_DIM else 1.0 / probes.shape[0]
+            return c, scale * jnp.sum(probes * hvp, axis=0)
+
+        def spectral_radius(key, position, fixed, data, precond):
+            # Largest |eigenvalue| of P·H (H the potential's Hessian on a block of rows) by 20
+            # power iterations of Hessian-vector products. SGD is stable iff it is < 2.
+            key_rows, key_v = jax.random.split(key)
+            batch = draw_minibatch(key_rows, data, n, noise_rows, "random")
+            grad_u = jax.grad(lambda th: -fns["logdensity"](th, fixed, batch))
+
+            def power(v, _):
+                w = apply_preconditioner(precond, jax.jvp(grad_u, (position,), (v,))[1])
+                norm = jnp.linalg.norm(w)
+                return w / jnp.maximum(norm, 1e-300), norm
+
+            v0 = jax.random.normal(key_v, position.shape, dtype=position.dtype)
+            _, norms = jax.lax.scan(power, v0 / jnp.linalg.norm(v0), None, length=20)
+            return norms[-1]
 
         self._compiled = {
             "draw": jax.jit(draw),
             "init": jax.jit(kernel_init),
             "noise": jax.jit(noise, static_argnames="full"),
+            "spectral_radius": jax.jit(spectral_radius),
             "data": data,
             "jax": jax,
         }
@@ -292,6 +331,7 @@ class SGMCMCStep(BlockedStep):
         self.chain_state = (key, state)
         if self.tune:
             self._tune_draw(state.position, fixed, key)
+        stats.update(self._extra_stats(state))
         stats["tune"] = bool(self.tune)
         stats["data_passes"] = float(int(state.iteration) * self.batch_size / self.problem.data_size)
         new_point = dict(point)
@@ -302,13 +342,35 @@ class SGMCMCStep(BlockedStep):
         """The saved draw: the chain's position (IASG overrides: the window's mean)."""
         return state.position
 
+    def _extra_stats(self, state: Any) -> dict[str, Any]:
+        """Sampler-specific stats of a draw (declared in ``stats_dtypes_shapes``)."""
+        return {}
+
+    def _stabilised(self, precond: np.ndarray, position: Any, fixed: tuple, key: Any) -> np.ndarray:
+        """Scale ``P`` down so that the spectral radius of ``P·H`` is at most 1 (SGD's
+        stability limit is 2). The KL-optimal and IASG rates already satisfy this when
+        ``A ≈ C``; it matters where ``C`` misjudges the curvature — far from the mode, in
+        directions the data barely inform, or with a diagonal preconditioner on a strongly
+        coupled Hessian (softmax regression)."""
+        compiled = self._compile()
+        key = compiled["jax"].random.fold_in(key, 2)
+        precond = np.asarray(precond, dtype=self.problem.dtype)
+        radius = float(
+            compiled["spectral_radius"](key, position, fixed, compiled["data"], precond)
+        )
+        if not np.isfinite(radius):
+            return precond
+        return precond / max(1.0, radius)
+
     def _estimate_noise(
         self, position: Any, fixed: tuple, key: Any, full: bool = False
-    ) -> np.ndarray:
-        """Per-datum gradient (co)variance at ``position`` from a block of rows (host array)."""
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Per-datum gradient (co)variance ``C`` and the diagonal Hessian of the potential at
+        ``position``, from one block of rows (host arrays)."""
         compiled = self._compile()
         key = compiled["jax"].random.fold_in(key, 1)
-        return np.asarray(compiled["noise"](key, position, fixed, compiled["data"], full=full))
+        c, h = compiled["noise"](key, position, fixed, compiled["data"], full=full)
+        return np.asarray(c), np.asarray(h)
 
 
 class _PreconditionedSGD(SGMCMCStep):
@@ -345,19 +407,34 @@ class _PreconditionedSGD(SGMCMCStep):
             raise ValueError(f"search_draws must be a non-negative integer, got {search_draws!r}.")
         self.search_draws = int(search_draws)
         self._noise = NoiseEstimate()
+        self._curvature = NoiseEstimate()
         self._tune_calls = 0
         self._in_search = False
-        self._last_noise: np.ndarray | None = None
+        self._last_noise: tuple[np.ndarray, np.ndarray] | None = None
         self.precond_value: np.ndarray = np.asarray(np.nan)
+        self.inject_value: np.ndarray = np.zeros(self.problem.dim)
+        self._sampled_idx: np.ndarray | None = None  # set when some coordinates are hyper
 
     def _kernel(self):
         from pymc_sgmcmc.kernels import sgd
 
         momentum = self._momentum()
+        hyper_schedule = self._hyper_schedule()
 
         def step(key, state, grad_fn, params):
+            hyper = {}
+            if hyper_schedule is not None:
+                rate = params["hyper_on"] * hyper_schedule(state.iteration) * params["hyper_scale"]
+                hyper = {"hyper_mask": params["hyper_mask"], "hyper_rate": rate}
             state, info = sgd.step(
-                key, state, grad_fn, 1.0, preconditioner=params["precond"], momentum=momentum
+                key,
+                state,
+                grad_fn,
+                1.0,
+                preconditioner=params["precond"],
+                momentum=momentum,
+                injected_noise_var=params["inject"],
+                **hyper,
             )
             return state, info._replace(step_size=params["step_size"])
 
@@ -366,38 +443,116 @@ class _PreconditionedSGD(SGMCMCStep):
     def _momentum(self) -> float | None:
         return None
 
+    def _hyper_schedule(self) -> Schedule | None:
+        return None
+
     def _sampling_preconditioner(self, noise: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
+    def _preconditioner_from(
+        self,
+        rule: Callable[[np.ndarray], np.ndarray],
+        noise: np.ndarray,
+        curvature: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(P, injected noise variance)`` from a rule ``C -> P`` (Theorem 1/2, Cor. 3, IASG).
+
+        ``C`` is first lifted to the curvature where the data do not inform it, with the
+        difference injected as noise (:func:`pymc_sgmcmc.tuning.lift_noise`), except for the
+        scalar rule, whose theory (Theorem 1 and its OU prediction) uses ``C`` as it is.
+        Hyperparameter coordinates (variational EM) get zero rows and no noise.
+        """
+        dim = self.problem.dim
+        n, b = self.problem.data_size, self.batch_size
+        if self.preconditioner == "scalar":
+            lifted, inject = noise, np.zeros(dim)
+        else:
+            lifted, lift = lift_noise(noise, curvature, n)
+            inject = n**2 / b * lift
+        idx = self._sampled_idx
+        if idx is None:
+            return rule(lifted), inject
+        sub = lifted[np.ix_(idx, idx)] if lifted.ndim == 2 else lifted[idx]
+        p_sub = np.asarray(rule(sub))
+        if p_sub.ndim == 2:
+            precond = np.zeros((dim, dim))
+            precond[np.ix_(idx, idx)] = p_sub
+        else:
+            precond = np.zeros(dim)
+            precond[idx] = p_sub
+        inject_out = np.zeros(dim)
+        inject_out[idx] = inject[idx]
+        return precond, inject_out
+
     def _reset_tuning(self) -> None:
         self._noise.reset()
+        self._curvature.reset()
         self._tune_calls = 0
         self._in_search = False
         self._last_noise = None
 
     def _tune_draw(self, position, fixed, key) -> None:
         full = self.preconditioner == "full"
-        noise = self._estimate_noise(position, fixed, key, full=full)
-        self._last_noise = noise
+        noise, curvature = self._estimate_noise(position, fixed, key, full=full)
+        self._last_noise = (noise, curvature)
         self._in_search = bool(self.tune) and self._tune_calls < self.search_draws
         self._tune_calls += 1
         if self._in_search:
-            self.precond_value = iasg_preconditioner(
-                noise, self.preconditioner, self.problem.data_size, 0.5
+            precond, _ = self._preconditioner_from(
+                lambda c: iasg_preconditioner(c, self.preconditioner, self.problem.data_size, 0.5),
+                noise,
+                curvature,
             )
+            inject = np.zeros(self.problem.dim)  # searching for the mode, not sampling
         else:
-            self.precond_value = self._sampling_preconditioner(self._noise.update(noise))
+            averaged = self._curvature.update(curvature)
+            if self._sampled_idx is not None:
+                # With hyperparameters moving, the prior's curvature changes from draw to draw:
+                # an average over past draws lags behind and under-injects noise, which would
+                # shrink the samples and push a precision hyperparameter further up.
+                averaged = self._curvature.value = np.array(curvature, dtype=np.float64)
+            precond, inject = self._preconditioner_from(
+                self._sampling_preconditioner, self._noise.update(noise), averaged
+            )
+        self.precond_value = self._stabilised(precond, position, fixed, key)
+        self.inject_value = inject
 
     def stop_tuning(self) -> None:
         super().stop_tuning()
         if self._in_search and self._last_noise is not None:
             # Tuning ended inside the search phase: switch to the sampling rate.
-            self.precond_value = self._sampling_preconditioner(self._noise.update(self._last_noise))
+            noise, curvature = self._last_noise
+            self.precond_value, self.inject_value = self._preconditioner_from(
+                self._sampling_preconditioner,
+                self._noise.update(noise),
+                self._curvature.update(curvature),
+            )
             self._in_search = False
 
     def _params(self, iteration: int) -> dict[str, Any]:
         precond = np.asarray(self.precond_value, dtype=self.problem.dtype)
-        return {"precond": precond, "step_size": _scale_of(precond)}
+        params = {
+            "precond": precond,
+            "step_size": _scale_of(precond),
+            "inject": np.asarray(self.inject_value, dtype=self.problem.dtype),
+        }
+        if self._sampled_idx is not None:
+            mask = np.ones(self.problem.dim, dtype=self.problem.dtype)
+            mask[self._sampled_idx] = 0.0
+            params["hyper_mask"] = mask
+            # Off while searching for the mode (the iterates are then optimised, not sampled,
+            # and their spread says nothing about the posterior) and after tuning (frozen).
+            on = self.tune and not self._in_search
+            params["hyper_on"] = np.asarray(1.0 if on else 0.0, dtype=self.problem.dtype)
+            # Robbins–Monro steps in Newton units: ρ_t g / h with h the potential's curvature
+            # along each hyper coordinate (from the tuning estimate), so ρ_t ≤ 1 is a damped
+            # EM fixed-point step whatever the hyperparameter's scale.
+            curvature = self._curvature.value
+            scale = np.ones(self.problem.dim)
+            if curvature is not None:
+                scale = 1.0 / np.maximum(np.abs(curvature), 1e-8)
+            params["hyper_scale"] = np.asarray(scale * mask, dtype=self.problem.dtype)
+        return params
 
     def settings(self) -> dict[str, Any]:
         return {
@@ -449,6 +604,21 @@ class ConstantSGD(_PreconditionedSGD):
         Damping μ in (0, 1], or None.
     search_draws
         Tuning draws spent reaching the mode before ``C`` is averaged (default 5).
+    hyper_vars
+        Variational EM (§4.2): free variables (e.g. a prior precision) that are
+        point-estimated instead of sampled. During tuning they follow Robbins–Monro gradient
+        ascent on the minibatch log-joint — of λ itself, without the log-Jacobian of its
+        transform, as befits a point estimate — in Newton units, ``λ ← λ + ρ_t g_λ / h_λ`` with
+        ``h_λ`` the potential's curvature along λ (so ``ρ_t ≤ 1`` is a damped, stochastic EM
+        fixed-point step whatever λ's scale), while the other variables are
+        sampled at ``P*`` (computed from their block of ``C``). At ``stop_tuning`` they are
+        frozen: every saved draw holds the final value, and the trajectory (unconstrained
+        values) is the ``hyper_<value var>[_<k>]`` stats, e.g. ``hyper_lam_log__`` — over the
+        tuning draws in ``warmup_sample_stats`` with ``discard_tuned_samples=False`` — and
+        ``step.hyper_trajectory``. Give enough tuning draws for them to converge.
+    hyper_rate
+        ``ρ_t``: a float or a schedule of the iteration (default
+        ``polynomial_decay(a=0.05, b=10, gamma=0.6)``).
     **kwargs
         See :class:`SGMCMCStep` (``vars``, ``batch_size``, ``temperature``, ``thin``,
         ``minibatch``, ``minibatch_data``).
@@ -468,6 +638,8 @@ class ConstantSGD(_PreconditionedSGD):
         step_size: float | str = "auto",
         momentum: float | None = None,
         preconditioner: str = "auto",
+        hyper_vars: Sequence[Any] | None = None,
+        hyper_rate: float | Schedule | None = None,
         **kwargs: Any,
     ) -> None:
         self.auto_step_size = step_size == "auto"
@@ -486,6 +658,70 @@ class ConstantSGD(_PreconditionedSGD):
         if not self.auto_step_size:
             self.search_draws = 0
             self.precond_value = np.asarray(fixed_rate)
+        self.hyper_names: list[str] = []
+        self.hyper_trajectory: list[np.ndarray] = []
+        self.hyper_schedule: Schedule | None = None
+        if hyper_vars:
+            if not self.auto_step_size:
+                raise ValueError("hyper_vars (variational EM) needs step_size='auto'.")
+            self._setup_hyper(hyper_vars, hyper_rate)
+
+    def _setup_hyper(self, hyper_vars: Sequence[Any], hyper_rate: Any) -> None:
+        model = self.problem.model
+        names = []
+        for v in hyper_vars:
+            name = v if isinstance(v, str) else v.name
+            rv = model.named_vars.get(name)
+            value = model.rvs_to_values.get(rv) if rv is not None else None
+            if value is None and rv in model.value_vars:
+                value = rv
+            if value is None or value.name not in [i.name for i in self.problem.var_infos]:
+                raise ValueError(
+                    f"hyper_vars contains {name!r}, which is not one of this step's free "
+                    f"variables {[i.name for i in self.problem.var_infos]}."
+                )
+            names.append(value.name)
+        hyper_idx, start = [], 0
+        for info in self.problem.var_infos:
+            if info.name in names:
+                hyper_idx.extend(range(start, start + info.size))
+            start += info.size
+        if len(hyper_idx) == self.problem.dim:
+            raise ValueError("hyper_vars covers every variable: nothing would be sampled.")
+        self.hyper_names = names
+        self._hyper_idx = np.asarray(hyper_idx)
+        self._sampled_idx = np.setdiff1d(np.arange(self.problem.dim), self._hyper_idx)
+        self.hyper_schedule = as_schedule(
+            hyper_rate if hyper_rate is not None else polynomial_decay(a=0.05, b=10.0, gamma=0.6),
+            "hyper_rate",
+        )
+        # PyMC's NDArray trace stores scalar stats only: one stat per hyper coordinate.
+        self._hyper_stat_names = []
+        for info in self.problem.var_infos:
+            if info.name in names:
+                for k in range(info.size):
+                    suffix = f"_{k}" if info.size > 1 else ""
+                    self._hyper_stat_names.append(f"hyper_{info.name}{suffix}")
+        shapes = dict(self.stats_dtypes_shapes)
+        for stat in self._hyper_stat_names:
+            shapes[stat] = (np.float64, [])
+        self.stats_dtypes_shapes = shapes
+        self.stats_dtypes = [{k: dtype for k, (dtype, _) in shapes.items()}]
+
+    def _hyper_schedule(self) -> Schedule | None:
+        return self.hyper_schedule
+
+    def _extra_stats(self, state: Any) -> dict[str, Any]:
+        if not self.hyper_names:
+            return {}
+        values = np.asarray(state.position)[self._hyper_idx]
+        if self.tune:
+            self.hyper_trajectory.append(values)
+        return {name: float(v) for name, v in zip(self._hyper_stat_names, values, strict=True)}
+
+    def _reset_tuning(self) -> None:
+        super()._reset_tuning()
+        self.hyper_trajectory = []
 
     def _momentum(self) -> float | None:
         return self.momentum
@@ -589,7 +825,9 @@ class IASG(_PreconditionedSGD):
 
     def stop_tuning(self) -> None:
         super().stop_tuning()
-        noise = self._noise.value if self._noise.value is not None else self._last_noise
+        noise = self._noise.value
+        if noise is None and self._last_noise is not None:
+            noise = self._last_noise[0]
         if noise is None or self._warned or self.preconditioner == "full":
             return
         diag = np.diag(noise) if noise.ndim == 2 else noise
@@ -681,6 +919,7 @@ class SGLD(SGMCMCStep):
         self.schedule: Schedule | None = None if self.auto_step_size else as_schedule(step_size)
         self.step_size_value = float("nan")
         self._noise = NoiseEstimate()
+        self._curvature = NoiseEstimate()
 
     def _kernel(self):
         from pymc_sgmcmc.kernels import sgld
@@ -697,19 +936,23 @@ class SGLD(SGMCMCStep):
 
     def _reset_tuning(self) -> None:
         self._noise.reset()
+        self._curvature.reset()
         if self.auto_step_size:
             self.step_size_value = float("nan")
 
     def _tune_draw(self, position, fixed, key) -> None:
         if not self.auto_step_size:
             return
-        c = self._noise.update(self._estimate_noise(position, fixed, key))
+        noise, curvature = self._estimate_noise(position, fixed, key)
+        c = self._noise.update(noise)
+        h = self._curvature.update(curvature)
         self.step_size_value = sgld_step_size(
             c,
             self.problem.data_size,
             self.batch_size,
             rmsprop=self.preconditioner == "rmsprop",
             target_bias=self.target_bias,
+            curvature=h,
         )
 
     def _params(self, iteration: int) -> dict[str, Any]:

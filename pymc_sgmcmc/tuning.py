@@ -19,6 +19,7 @@ import numpy as np
 __all__ = [
     "PreconditionerKind",
     "NoiseEstimate",
+    "lift_noise",
     "gradient_noise",
     "inverse_noise",
     "iasg_preconditioner",
@@ -88,6 +89,7 @@ def sgld_step_size(
     batch_size: int,
     rmsprop: bool,
     target_bias: float,
+    curvature: np.ndarray | None = None,
 ) -> float:
     r"""The largest constant SGLD step whose stationary variance inflation is ``target_bias``.
 
@@ -100,10 +102,13 @@ def sgld_step_size(
     Setting that to ``target_bias`` in the worst coordinate gives
     :math:`\epsilon = 4\delta / \max_k (N^2 C_{kk}/B + N C_{kk})`. With the RMSprop
     preconditioner :math:`G_k \approx 1/s_k` the inflation is :math:`\epsilon s_k / 4`, so
-    :math:`\epsilon = 4\delta / \max_k s_k`.
+    :math:`\epsilon = 4\delta / \max_k s_k`. When the diagonal Hessian of the potential
+    ``curvature`` is given it replaces the Fisher proxy :math:`N C_{kk}` for :math:`a_k`
+    (it also covers directions that only the prior informs).
     """
     noise_diag = np.maximum(np.asarray(noise_diag, dtype=np.float64), 1e-300)
-    s2 = data_size**2 * noise_diag / batch_size + data_size * noise_diag
+    a = data_size * noise_diag if curvature is None else np.abs(np.asarray(curvature))
+    s2 = data_size**2 * noise_diag / batch_size + a
     if rmsprop:
         return float(4.0 * target_bias / np.sqrt(s2).max())
     return float(4.0 * target_bias / s2.max())
@@ -125,6 +130,35 @@ def inverse_noise(noise: np.ndarray, jitter: float = 1e-8) -> np.ndarray:
     return np.linalg.inv(sym)
 
 
+def lift_noise(
+    noise: np.ndarray, curvature: np.ndarray, data_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    r"""Raise ``C``'s diagonal to the Fisher-identity level ``h/N``; return it and the lift.
+
+    The KL-optimal and IASG rates divide by ``C`` and assume :math:`A = C` (per datum).
+    Along a direction the data barely inform — the weight of a pixel that is always 0, the
+    softmax's redundant direction — :math:`C_{kk} \approx 0` while the prior still curves
+    the potential (:math:`h_{kk}`, the diagonal Hessian of ``U``): the rate would be
+    unbounded, and with no gradient noise constant SGD would collapse the posterior there
+    to a point. Using :math:`C'_{kk} = h_{kk}/N` where :math:`C_{kk} < h_{kk}/(2N)` restores
+    :math:`A = C'`
+    there, and *injecting* Gaussian noise with the missing variance
+    :math:`(N^2/B)(C'_{kk} - C_{kk})` makes the chain behave as if its gradient noise were
+    ``C'`` — Mandt et al.'s SGFS rule of adding noise where the gradient variance is small
+    (§5.2). Where :math:`C \approx A` already, the lift is zero up to estimation noise.
+
+    Returns ``(C', lift)`` with ``lift`` the ``(D,)`` diagonal increase.
+    """
+    noise = np.asarray(noise, dtype=np.float64)
+    floor = np.abs(np.asarray(curvature, dtype=np.float64)) / data_size
+    diag = np.diag(noise) if noise.ndim == 2 else noise
+    # Only where the noise is clearly below the curvature (less than half of it), so that
+    # estimation noise in h does not perturb directions where C ≈ A already.
+    lift = np.where(diag < 0.5 * floor, floor - diag, 0.0)
+    lifted = noise + np.diag(lift) if noise.ndim == 2 else noise + lift
+    return lifted, lift
+
+
 def kl_optimal_preconditioner(
     noise: np.ndarray,
     kind: PreconditionerKind,
@@ -144,7 +178,8 @@ def kl_optimal_preconditioner(
     Mandt's rates are for the per-datum average loss (:math:`\epsilon` with
     :math:`\theta \leftarrow \theta - \epsilon \nabla \hat L`, :math:`L = U/N`);
     :math:`P = \epsilon / N` maps them here. ``noise`` is ``C`` as ``(D,)`` (diagonal only)
-    or ``(D, D)``. Returns ``()``, ``(D,)`` or ``(D, D)``.
+    or ``(D, D)`` (see :func:`lift_noise` for directions without gradient noise).
+    Returns ``()``, ``(D,)`` or ``(D, D)``.
     """
     noise = np.asarray(noise, dtype=np.float64)
     scale = 2.0 * batch_size / data_size**2
@@ -161,7 +196,10 @@ def kl_optimal_preconditioner(
 
 
 def iasg_preconditioner(
-    noise: np.ndarray, kind: PreconditionerKind, data_size: int, learning_rate: float
+    noise: np.ndarray,
+    kind: PreconditionerKind,
+    data_size: int,
+    learning_rate: float,
 ) -> np.ndarray:
     r"""IASG's preconditioner :math:`P = (\epsilon / N)\, \hat C^{-1}` (Mandt et al. 2017, §6).
 

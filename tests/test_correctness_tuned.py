@@ -7,6 +7,8 @@ threshold is at least 3.5 Monte Carlo sds (a correlation ρ has MC sd ≈ (1 −
 
 from __future__ import annotations
 
+import os
+
 import arviz as az
 import numpy as np
 import pymc as pm
@@ -104,8 +106,17 @@ def test_iasg_logistic_regression_against_nuts():
             pm.Bernoulli("y", logit_p=pm.Data("X", X) @ beta, observed=y)
         return model
 
-    with build():
-        nuts = pm.sample(draws=1000, tune=500, **SAMPLE)
+    # numpyro's NUTS is the fastest reference here (PyMC's NUTS has no BLAS in a pip
+    # install); importing pymc.sampling.jax rewrites XLA_FLAGS, restored for later tests.
+    saved = os.environ.get("XLA_FLAGS")
+    try:
+        with build():
+            nuts = pm.sample(draws=1000, tune=500, nuts_sampler="numpyro", **SAMPLE)
+    finally:
+        if saved is None:
+            os.environ.pop("XLA_FLAGS", None)
+        else:
+            os.environ["XLA_FLAGS"] = saved
     with build():
         ours = pm.sample(draws=1200, tune=30, step=pmsg.IASG(batch_size=500), **SAMPLE)
     ref = _flat(nuts, "beta")

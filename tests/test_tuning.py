@@ -69,7 +69,7 @@ def test_noise_estimator_converges_to_the_true_per_datum_covariance(regression_1
     true_c = reg.per_datum_grad_cov(reg.mean)
     est = NoiseEstimate()
     for key in jax.random.split(jax.random.key(3), 127):
-        value = est.update(step._estimate_noise(position, (), key, full=True))
+        value = est.update(step._estimate_noise(position, (), key, full=True)[0])
     # The last window averages 64 estimates of 1024 rows: ~65 000 per-datum gradients, so
     # each entry has relative sd ≈ √(2/65 000) ≈ 0.6% on the diagonal; 5% is ≥ 8 sds.
     np.testing.assert_allclose(np.diag(value), np.diag(true_c), rtol=0.05)

@@ -57,13 +57,17 @@ def step(
     step_size: jax.Array | float,
     preconditioner: jax.Array | None = None,
     momentum: jax.Array | float | None = None,
+    hyper_mask: jax.Array | None = None,
+    hyper_rate: jax.Array | float = 0.0,
+    injected_noise_var: jax.Array | None = None,
 ) -> tuple[SGDState, SGDInfo]:
-    """One constant-SGD step. ``rng_key`` is unused (SGD is deterministic given the batch).
+    """One constant-SGD step.
 
     Parameters
     ----------
     rng_key
-        Accepted for a uniform kernel interface.
+        Key for the injected noise; unused without it (SGD is then deterministic given the
+        minibatch).
     state
         Current position, velocity and iteration.
     logdensity_grad_fn
@@ -74,6 +78,14 @@ def step(
         ``None`` (identity), a ``(D,)`` diagonal or a ``(D, D)`` matrix.
     momentum
         Damping ``μ ∈ (0, 1]``; ``None`` is plain SGD (``μ = 1``).
+    hyper_mask, hyper_rate
+        Variational EM (Mandt et al. 2017, §4.2): coordinates where ``hyper_mask`` is 1 are
+        hyperparameters, moved by gradient *ascent* ``λ ← λ + hyper_rate ⊙ g`` (the rate may
+        be a ``(D,)`` vector, e.g. a Robbins–Monro factor over a curvature), not sampled;
+        ``P`` must be zero on them.
+    injected_noise_var
+        ``(D,)`` diagonal ``E`` of extra gradient noise: the step uses ``ĝ + e`` with
+        ``e ~ N(0, diag E)`` (``pymc_sgmcmc.tuning.lift_noise`` says why).
 
     Examples
     --------
@@ -83,13 +95,17 @@ def step(
     >>> float(new.position[0])
     0.9
     """
-    del rng_key
     logdensity, grad = logdensity_grad_fn(state.position)
-    update = step_size * apply_preconditioner(preconditioner, grad)
+    drive = grad
+    if injected_noise_var is not None:
+        z = jax.random.normal(rng_key, grad.shape, dtype=grad.dtype)
+        drive = grad + jnp.sqrt(injected_noise_var) * z
+    update = step_size * apply_preconditioner(preconditioner, drive)
+    hyper_update = 0.0 if hyper_mask is None else hyper_mask * hyper_rate * grad
     if momentum is None:
         velocity = update
     else:
         velocity = (1.0 - momentum) * state.velocity + update
-    position = state.position + velocity
+    position = state.position + velocity + hyper_update
     info = SGDInfo(jnp.asarray(step_size), -logdensity, jnp.linalg.norm(grad))
     return SGDState(position, velocity, state.iteration + 1), info
