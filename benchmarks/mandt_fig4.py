@@ -245,7 +245,12 @@ def run_one(spec: RunSpec, problem: Problem) -> RunResult:
                 idata = pm.sample(step=step, **common)
         except Exception as exc:  # a diverging SGLD schedule is a result, not a crash
             return RunResult(
-                spec, np.empty((0, d)), np.empty(0), time.perf_counter() - t0, np.nan, np.nan,
+                spec,
+                np.empty((0, d)),
+                np.empty(0),
+                time.perf_counter() - t0,
+                np.nan,
+                np.nan,
                 error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
             )
         wall = time.perf_counter() - t0
@@ -260,7 +265,9 @@ def run_one(spec: RunSpec, problem: Problem) -> RunResult:
         passes = idata.sample_stats["data_passes"].values[0] + extra_passes
         step_size_last = float(idata.sample_stats["step_size"].values[0, -1])
     ess = az.ess(idata, var_names=["beta"], method="bulk")["beta"].values
-    return RunResult(spec, draws, np.asarray(passes, float), wall, float(np.min(ess)), step_size_last)
+    return RunResult(
+        spec, draws, np.asarray(passes, float), wall, float(np.min(ess)), step_size_last
+    )
 
 
 def _worker(args: tuple[RunSpec, Problem]) -> RunResult:
@@ -326,8 +333,10 @@ def render_table(results: list[RunResult], problem: Problem) -> str:
         s = summarise(r, problem)
         sp = r.spec
         if "error" in s:
-            lines.append(f"| {sp.method} | {sp.init} | {sp.tune} + {sp.draws} | — | {s['error']} |"
-                         " | | | | | | |")
+            lines.append(
+                f"| {sp.method} | {sp.init} | {sp.tune} + {sp.draws} | — | {s['error']} |"
+                " | | | | | | |"
+            )
             continue
         lines.append(
             f"| {sp.method} | {sp.init} | {sp.tune} + {sp.draws} | {s['passes']:.0f} | "
@@ -361,7 +370,7 @@ def plot(results: list[RunResult], problem: Problem, path: Path, title: str) -> 
     inits = ["random", "MAP"]
     ylo, yhi = exact.min() / 30, exact.max() * 30
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.4), sharey=True)
-    for ax, init in zip(axes, inits):
+    for ax, init in zip(axes, inits, strict=True):
         methods = []
         seen: dict[str, int] = {}
         off_scale = []
@@ -387,8 +396,16 @@ def plot(results: list[RunResult], problem: Problem, path: Path, title: str) -> 
         ax.set_title(f"{init} initialisation")
         ax.grid(True, which="major", alpha=0.3)
         if off_scale:
-            ax.text(0.02, 0.02, "\n".join(off_scale), transform=ax.transAxes, fontsize=7.5,
-                    va="bottom", ha="left", color="0.2")
+            ax.text(
+                0.02,
+                0.02,
+                "\n".join(off_scale),
+                transform=ax.transAxes,
+                fontsize=7.5,
+                va="bottom",
+                ha="left",
+                color="0.2",
+            )
         handles = [Line2D([], [], color=c, lw=1.6, label=m) for m, c in methods]
         handles += [
             Line2D([], [], color="k", lw=1.0, label="exact max (solid) / min (dashed)"),
@@ -416,7 +433,9 @@ def _git_state() -> str:
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--", "pymc_sgmcmc"],
-            cwd=REPO, capture_output=True, text=True,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
         ).stdout.strip()
     except OSError:
         return "?"
@@ -456,20 +475,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=10)
     p.add_argument("--draws", type=int, default=2000, help="kept draws (= passes) per SG run")
     p.add_argument("--tune", type=int, default=10, help="tuning draws (= passes) per SG run")
-    p.add_argument("--sgld-a", default="6e-5",
-                   help="a of the SGLD schedule a (1000 + t)^-0.51; comma-separated for a sweep")
-    p.add_argument("--iasg-extra-lr", type=float, default=0.1,
-                   help="also run IASG with this learning_rate (0: don't)")
+    p.add_argument(
+        "--sgld-a",
+        default="6e-5",
+        help="a of the SGLD schedule a (1000 + t)^-0.51; comma-separated for a sweep",
+    )
+    p.add_argument(
+        "--iasg-extra-lr",
+        type=float,
+        default=0.1,
+        help="also run IASG with this learning_rate (0: don't)",
+    )
     p.add_argument("--nuts-draws", type=int, default=1000)
     p.add_argument("--nuts-tune", type=int, default=200)
-    p.add_argument("--methods", default="iasg,iasg_lr,sgld_decay,sgld_auto,nuts",
-                   help="comma-separated subset of iasg,iasg_lr,sgld_decay,sgld_auto,nuts")
+    p.add_argument(
+        "--methods",
+        default="iasg,iasg_lr,sgld_decay,sgld_auto,nuts",
+        help="comma-separated subset of iasg,iasg_lr,sgld_decay,sgld_auto,nuts",
+    )
     p.add_argument("--inits", default="random,MAP")
     p.add_argument("--seed", type=int, default=0, help="data seed; chains use seed+1, seed+2")
     p.add_argument("--jobs", type=int, default=2, help="parallel worker processes")
     p.add_argument("--figure", default=str(REPO / "benchmarks" / "figures" / "mandt_fig4.png"))
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "RESULTS.md"),
-                   help="markdown file to append the table to; '-' only prints")
+    p.add_argument(
+        "--out",
+        default=str(REPO / "benchmarks" / "RESULTS.md"),
+        help="markdown file to append the table to; '-' only prints",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.draws, args.tune = 150, 10
@@ -487,33 +519,51 @@ def build_specs(args: argparse.Namespace) -> list[RunSpec]:
         if "iasg" in methods:
             specs.append(RunSpec("IASG (defaults)", "iasg", **sg))
         if "iasg_lr" in methods and args.iasg_extra_lr > 0:
-            specs.append(RunSpec(f"IASG lr={args.iasg_extra_lr:g}", "iasg",
-                                 learning_rate=args.iasg_extra_lr, **sg))
+            specs.append(
+                RunSpec(
+                    f"IASG lr={args.iasg_extra_lr:g}",
+                    "iasg",
+                    learning_rate=args.iasg_extra_lr,
+                    **sg,
+                )
+            )
         if "sgld_decay" in methods:
             for a in args.sgld_a.split(","):
-                specs.append(RunSpec(f"SGLD decay a={float(a):g}", "sgld_decay",
-                                     sgld_a=float(a), **sg))
+                specs.append(
+                    RunSpec(f"SGLD decay a={float(a):g}", "sgld_decay", sgld_a=float(a), **sg)
+                )
         if "sgld_auto" in methods:
             specs.append(RunSpec("SGLD auto", "sgld_auto", **sg))
         if "nuts" in methods:
-            specs.append(RunSpec("NUTS", "nuts", draws=args.nuts_draws, tune=args.nuts_tune, **base))
+            specs.append(
+                RunSpec("NUTS", "nuts", draws=args.nuts_draws, tune=args.nuts_tune, **base)
+            )
     return specs
 
 
 def main(argv: list[str] | None = None) -> list[RunResult]:
     args = parse_args(argv)
-    command = "python " + " ".join(shlex.quote(a) for a in [
-        os.path.relpath(sys.argv[0], REPO) if argv is None else "benchmarks/mandt_fig4.py",
-        *(sys.argv[1:] if argv is None else argv)])
+    command = "python " + " ".join(
+        shlex.quote(a)
+        for a in [
+            os.path.relpath(sys.argv[0], REPO) if argv is None else "benchmarks/mandt_fig4.py",
+            *(sys.argv[1:] if argv is None else argv),
+        ]
+    )
     problem = make_problem(args.n, args.d, args.block, args.rho, args.init_sd, args.seed)
     exact = problem.post_var
-    print(f"N = {args.n}, D = {args.d}, B = {args.batch_size}; exact marginal variances "
-          f"min {exact.min():.4g}, max {exact.max():.4g}; Hessian eigenvalues "
-          f"{np.linalg.eigvalsh(np.linalg.inv(problem.post_cov))[[0, -1]].round(0)}", flush=True)
+    print(
+        f"N = {args.n}, D = {args.d}, B = {args.batch_size}; exact marginal variances "
+        f"min {exact.min():.4g}, max {exact.max():.4g}; Hessian eigenvalues "
+        f"{np.linalg.eigvalsh(np.linalg.inv(problem.post_cov))[[0, -1]].round(0)}",
+        flush=True,
+    )
     specs = build_specs(args)
     # Slow runs first so that the two workers finish together.
     cost = {"nuts": 0.5, "iasg": 1.0, "sgld_decay": 1.4, "sgld_auto": 1.4}
-    order = sorted(range(len(specs)), key=lambda i: -cost[specs[i].kind] * (specs[i].draws + specs[i].tune))
+    order = sorted(
+        range(len(specs)), key=lambda i: -cost[specs[i].kind] * (specs[i].draws + specs[i].tune)
+    )
     t0 = time.perf_counter()
     load0 = os.getloadavg()
     results: list[RunResult | None] = [None] * len(specs)
@@ -525,8 +575,10 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
     elapsed = time.perf_counter() - t0
     done = [r for r in results if r is not None]
 
-    title = (f"Mandt et al. (2017) Fig. 4 setting: linear regression, N = {args.n}, D = {args.d}, "
-             f"B = {args.batch_size}, one chain per method and init")
+    title = (
+        f"Mandt et al. (2017) Fig. 4 setting: linear regression, N = {args.n}, D = {args.d}, "
+        f"B = {args.batch_size}, one chain per method and init"
+    )
     plot(done, problem, Path(args.figure), title)
     table = render_table(done, problem)
     print()

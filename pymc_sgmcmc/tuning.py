@@ -23,6 +23,7 @@ __all__ = [
     "gradient_noise",
     "inverse_noise",
     "iasg_preconditioner",
+    "iasg_window",
     "kl_optimal_preconditioner",
     "kl_optimal_scalar_step",
     "sgld_step_size",
@@ -215,3 +216,29 @@ def iasg_preconditioner(
     if kind == "diagonal":
         return learning_rate / data_size * inverse_noise(diag)
     return learning_rate / data_size * inverse_noise(noise)
+
+
+def iasg_window(target: float, learning_rate: float) -> int:
+    r"""IASG window ``T`` whose mean has the variance of ``target`` independent iterates' worth.
+
+    Along a direction where the preconditioned Hessian is ε (A = C), the iterates are AR(1)
+    with :math:`\rho = 1 - \epsilon` and long-run variance :math:`1/(Bc)` per iterate. The mean
+    of ``T`` consecutive ones has variance
+
+    .. math::
+
+        \frac{1}{BcT}\Big[1 - \frac{2\rho(1-\rho^T)}{T(1-\rho)(1+\rho)}\Big]
+        \approx \frac{1}{BcT}\Big(1 - \frac{1}{\epsilon T}\Big),
+
+    smaller than :math:`1/(BcT)` because a finite window does not see the correlations that
+    reach outside it (measured: marginal variances 8–14% too small with ε·T = 10). The
+    returned ``T`` is the smallest window for which that variance is at most
+    :math:`1/(Bc\,\mathrm{target})` — with ``target = N/B`` the posterior variance
+    :math:`1/(Nc)` — i.e. about ``target − 1/ε``.
+    """
+    rho = 1.0 - learning_rate
+    t = np.arange(1, int(np.ceil(target)) + 1, dtype=np.float64)
+    deficit = 2.0 * rho * (1.0 - rho**t) / (t * (1.0 - rho) * (1.0 + rho))
+    effective = t / np.maximum(1.0 - deficit, 1e-12)
+    reached = np.nonzero(effective >= target)[0]
+    return int(t[reached[0]]) if reached.size else int(np.ceil(target))

@@ -58,10 +58,12 @@ def test_exact_posterior_of_a_d10_regression(regression_d10, make_step):
     ess = _ess(idata, "beta")
     _check_gaussian(_flat(idata, "beta"), reg.mean, reg.cov, ess)
     if isinstance(step, pmsg.IASG):
-        # nearly independent draws at one pass over the data per draw
+        # nearly independent draws at about one pass over the data per draw (the window is
+        # N/B less the finite-window correction, 90 of 100 iterations here)
         assert ess / 2400 >= 0.5, f"IASG ESS per draw {ess / 2400:.2f}"
-        passes = idata.sample_stats["data_passes"].values
-        np.testing.assert_allclose(np.diff(passes, axis=1), 1.0, rtol=0.01)
+        passes = np.diff(idata.sample_stats["data_passes"].values, axis=1)
+        np.testing.assert_allclose(passes, step.window * 100 / 10_000)
+        assert 0.85 <= passes.mean() <= 1.0
 
 
 def test_scalar_constant_sgd_matches_the_ou_prediction_for_theorem_1_rate(regression_d10):
@@ -123,3 +125,39 @@ def test_iasg_logistic_regression_against_nuts():
     ess = min(_ess(ours, "beta"), _ess(nuts, "beta"))
     _check_gaussian(_flat(ours, "beta"), ref.mean(0), np.cov(ref, rowvar=False), ess)
     assert _ess(ours, "beta") / 2400 >= 0.5
+
+
+def test_variational_em_finds_the_empirical_bayes_prior_precision():
+    """Mandt §4.2 on a model where the answer is closed-form.
+
+    Linear regression with a prior precision λ on the weights: the empirical-Bayes λ maximises
+    the marginal likelihood N(y | 0, I + X Xᵀ/λ), computed exactly here. Weak features make the
+    prior matter, so a sampler that misjudged the posterior spread would move λ far away
+    (before the curvature lift, λ ran to the hyperprior's scale, ~10³).
+    """
+    import scipy.optimize
+
+    rng = np.random.default_rng(4)
+    n, d = 5000, 10
+    X = rng.normal(size=(n, d)) * 0.02
+    y = X @ (rng.normal(size=d) / 2.0) + rng.normal(size=n)
+
+    def neg_log_evidence(log_lam):
+        lam = np.exp(log_lam)
+        precision = X.T @ X + lam * np.eye(d)
+        mean = np.linalg.solve(precision, X.T @ y)
+        return 0.5 * (y @ y - y @ X @ mean + np.linalg.slogdet(precision)[1] - d * np.log(lam))
+
+    eb = float(np.exp(scipy.optimize.minimize_scalar(neg_log_evidence, bounds=(-8, 8), method="bounded").x))
+    with pm.Model():
+        lam = pm.Gamma("lam", alpha=1.0, beta=1e-3, initval=1.0)
+        b = pm.Normal("b", 0, sigma=1 / pm.math.sqrt(lam), shape=d)
+        pm.Normal("y", pm.Data("X", X) @ b, 1.0, observed=y)
+        step = pmsg.ConstantSGD(batch_size=100, hyper_vars=[lam])
+        idata = pm.sample(draws=100, tune=1000, step=step, **{**SAMPLE, "chains": 1})
+    found = idata.posterior["lam"].values
+    assert np.all(found == found[0, 0]), "the hyperparameter is frozen after tuning"
+    # The hyperprior Gamma(1, 1e-3) shifts the optimum by a factor (d - 2e-3 λ)/d ≈ 1.
+    np.testing.assert_allclose(found[0, 0], eb, rtol=0.2)
+    assert "hyper_lam_log__" in idata.sample_stats
+    assert len(step.hyper_trajectory) == 1000  # one entry per tuning draw

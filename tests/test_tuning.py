@@ -9,7 +9,9 @@ import pymc_sgmcmc as pmsg
 from pymc_sgmcmc.tuning import (
     NoiseEstimate,
     iasg_preconditioner,
+    iasg_window,
     kl_optimal_preconditioner,
+    lift_noise,
     sgld_step_size,
 )
 
@@ -82,3 +84,21 @@ def test_fixed_step_size_with_a_matrix_preconditioner_is_refused(regression_10k)
     with regression_10k.model():
         with pytest.raises(ValueError, match="needs step_size='auto'"):
             pmsg.ConstantSGD(step_size=1e-6, preconditioner="full")
+
+
+def test_lift_noise_only_where_noise_is_below_half_the_curvature():
+    noise = np.array([[2.0, 0.1], [0.1, 1e-6]])
+    curvature = np.array([3000.0, 500.0])  # h/N = (3, 0.5) with N = 1000
+    lifted, lift = lift_noise(noise, curvature, 1000)
+    np.testing.assert_allclose(lift, [0.0, 0.5 - 1e-6])
+    np.testing.assert_allclose(lifted, [[2.0, 0.1], [0.1, 0.5]])
+
+
+def test_iasg_window_compensates_the_finite_window_variance():
+    for target, eps in [(100, 0.1), (1000, 0.01), (50, 0.5)]:
+        t = iasg_window(target, eps)
+        rho = 1 - eps
+        deficit = 2 * rho * (1 - rho**t) / (t * (1 - rho) * (1 + rho))
+        # variance of the window mean in units of 1/(Bc): (1/t)(1 - deficit) ≈ 1/target
+        assert abs((1 - deficit) / t * target - 1) < 0.02
+        assert t <= target
