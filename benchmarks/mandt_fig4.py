@@ -25,13 +25,15 @@ hundreds of posterior sds from the mode; the same point for every method) and *M
 MAP chains use different ``random_seed`` values (with the same seed, IASG's chains from both
 inits coalesce to the same draws once the search phase has forgotten the start).
 
-Methods (``B = 10``, one saved draw per pass over the data, ``N/B = 1000`` iterations):
+Methods (``B = 10``; one saved draw per pass over the data, ``N/B = 1000`` iterations, for SGLD):
 
 ``IASG (defaults)``
     ``pmsg.IASG(batch_size=10)``, all defaults: full preconditioner ``P = (ε/N) Ĉ⁻¹`` from the
     per-datum gradient-noise estimate, ``learning_rate="auto"`` = ``min(0.5, 10/1000)`` =
-    0.01, window ``N/B = 1000``; ``tune`` (``--tune``, default 10) draws of which the first
-    ``search_draws = 5`` are the search phase (rate 0.5, Ĉ re-estimated each draw).
+    0.01, window ``N/B = 1000`` (since a96b562 shortened to ≈ 888 by the finite-window
+    correction ``pymc_sgmcmc.tuning.iasg_window``, so a draw is 0.89 passes); ``tune``
+    (``--tune``, default 10) draws of which the first ``search_draws = 5`` are the search
+    phase (rate 0.5, Ĉ re-estimated each draw).
 ``IASG lr=0.1`` (``--iasg-extra-lr``, default 0.1; 0 disables)
     The same with ``learning_rate=0.1``. Two effects set IASG's variance here, both visible:
     (i) the finite-window term of Mandt eq. 34: the variance of a window mean is
@@ -42,7 +44,8 @@ Methods (``B = 10``, one saved draw per pass over the data, ``N/B = 1000`` itera
     x and ``δ = θ − θ̂``, and the SGD iterates spread over ``εN/(2B)`` posterior variances
     (whitened ``E δδᵀ ≈ (ε/2B) Σx⁻¹``), so the noise the window averages is larger by about
     ``1 + ε (D + 1) / (2B)``: +0.55% at ε = 0.01, +5.5% at ε = 0.1 (D = B = 10). Predicted
-    variance ratios: 0.905 (defaults) and 1.045 (lr = 0.1).
+    variance ratios (defaults / lr = 0.1): 0.905 / 1.045 with the full window ``N/B``;
+    ≈ 1.005 / 1.055 with the window correction of a96b562, which removes (i) only.
 ``SGLD decay``
     ``pmsg.SGLD(batch_size=10, step_size=polynomial_decay(a, b=1000, gamma=0.51))``:
     ``ε_t = a (1000 + t)^(−0.51)``. The paper's schedule is ``ε₀ / √(1000 + t)``
@@ -56,7 +59,8 @@ Methods (``B = 10``, one saved draw per pass over the data, ``N/B = 1000`` itera
     mixes faster but its variance stays inflated by the still-large steps (+50% at 2e-4).
 ``SGLD auto``
     ``pmsg.SGLD(batch_size=10)``: the automatic constant step (5% variance inflation in the
-    worst coordinate, from the gradient-noise estimate of the tuning draws).
+    worst coordinate, from the gradient-noise estimate of the tuning draws; since a96b562 the
+    first 5 tuning draws search for the mode at ε = 1/ρ(H)).
 ``NUTS``
     PyMC's NUTS (``init="adapt_diag"``: no jitter, so the MAP start stays at the MAP;
     ``--nuts-tune`` 200 tuning draws, ``--nuts-draws`` 1000). Every leapfrog step is one
@@ -75,7 +79,8 @@ tuning also computes the diagonal Hessian (D Hessian-vector products) and, for I
 20-step power iteration for the spectral radius of ``P·H``. Counting a Hessian-vector
 product as two gradients, that is about 0.1 + 2 + 4 ≈ 6 pass-equivalents of gradient work per
 tuning draw for IASG (≈ 65 for ``tune=10``) and ≈ 2 for SGLD auto (≈ 23), not on the x-axis
-(as of the working tree of 2026-11-22; see the notes in ``RESULTS.md``).
+(as of 4de9ee7–a96b562; since a96b562 SGLD auto's 5 search draws
+run the power iteration instead, ≈ 4 each; see the notes in ``RESULTS.md``).
 
 Table columns (appended to ``benchmarks/RESULTS.md``): passes in total (tuning included),
 the final min and max marginal-variance estimates over the exact min and max, the range over

@@ -349,11 +349,12 @@ class SGMCMCStep(BlockedStep):
         """Sampler-specific stats of a draw (declared in ``stats_dtypes_shapes``)."""
         return {}
 
-    def _stabilised(self, precond: np.ndarray, position: Any, fixed: tuple, key: Any) -> np.ndarray:
-        """Scale ``P`` down so that the spectral radius of ``P·H`` is at most 1 (SGD's
-        stability limit is 2). The KL-optimal and IASG rates already satisfy this when
-        ``A ≈ C``; it matters where ``C`` misjudges the curvature — far from the mode, in
-        directions the data barely inform, or with a diagonal preconditioner on a strongly
+    def _stability_scale(self, precond: np.ndarray, position: Any, fixed: tuple, key: Any) -> float:
+        """The factor ``s ≤ 1`` that brings the spectral radius of ``s·P·H`` to at most 1.
+
+        SGD's stability limit is 2. The KL-optimal and IASG rates satisfy this when ``A ≈ C``;
+        it matters where ``C`` misjudges the curvature — far from the mode, a noisy or
+        rank-deficient estimate of a large ``C``, or a diagonal preconditioner on a strongly
         coupled Hessian (softmax regression)."""
         compiled = self._compile()
         key = compiled["jax"].random.fold_in(key, 2)
@@ -362,8 +363,8 @@ class SGMCMCStep(BlockedStep):
             compiled["spectral_radius"](key, position, fixed, compiled["data"], precond)
         )
         if not np.isfinite(radius):
-            return precond
-        return precond / max(1.0, radius)
+            return 1.0
+        return 1.0 / max(1.0, radius)
 
     def _estimate_noise(
         self, position: Any, fixed: tuple, key: Any, full: bool = False
@@ -415,7 +416,10 @@ class _PreconditionedSGD(SGMCMCStep):
         self._in_search = False
         self._last_noise: tuple[np.ndarray, np.ndarray] | None = None
         self.precond_value: np.ndarray = np.asarray(np.nan)
-        self.inject_value: np.ndarray = np.zeros(self.problem.dim)
+        dim = self.problem.dim
+        self.inject_value: np.ndarray = np.zeros(
+            (dim, dim) if self.preconditioner == "full" else dim
+        )
         self._sampled_idx: np.ndarray | None = None  # set when some coordinates are hyper
 
     def _kernel(self):
@@ -436,7 +440,7 @@ class _PreconditionedSGD(SGMCMCStep):
                 1.0,
                 preconditioner=params["precond"],
                 momentum=momentum,
-                injected_noise_var=params["inject"],
+                injected_noise_scale=params["inject"],
                 **hyper,
             )
             return state, info._replace(step_size=params["step_size"])
@@ -452,40 +456,69 @@ class _PreconditionedSGD(SGMCMCStep):
     def _sampling_preconditioner(self, noise: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    def _preconditioner_from(
+    _compensate_cap = False
+    """Whether a stability cap on ``P`` is made up for by injected noise (constant SGD's
+    stationary covariance scales with ``P``; IASG's window mean does not depend on it)."""
+
+    def _tuned(
         self,
         rule: Callable[[np.ndarray], np.ndarray],
         noise: np.ndarray,
         curvature: np.ndarray,
+        position: Any,
+        fixed: tuple,
+        key: Any,
+        sampling: bool,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """``(P, injected noise variance)`` from a rule ``C -> P`` (Theorem 1/2, Cor. 3, IASG).
+        """``(P, injected-noise scale)`` from a rule ``C -> P`` (Theorem 1/2, Cor. 3, IASG).
 
-        ``C`` is first lifted to the curvature where the data do not inform it, with the
-        difference injected as noise (:func:`pymc_sgmcmc.tuning.lift_noise`), except for the
-        scalar rule, whose theory (Theorem 1 and its OU prediction) uses ``C`` as it is.
-        Hyperparameter coordinates (variational EM) get zero rows and no noise.
+        1. ``C`` is lifted to the curvature where the data do not inform it
+           (:func:`pymc_sgmcmc.tuning.lift_noise`) — not for the scalar rule, whose theory
+           (Theorem 1 and its OU prediction) uses ``C`` as it is.
+        2. ``P`` is computed on the sampled coordinates (hyperparameters of variational EM get
+           zero rows) and scaled by ``s ≤ 1`` for stability (:meth:`_stability_scale`).
+        3. While sampling, Gaussian noise is added to the gradient with the N-scale covariance
+           ``E = (N²/B)·(diag(lift) + (1/s − 1)·C')`` (the second term only for constant
+           SGD): the chain then moves as if its gradient noise were ``C'/s``, for which
+           ``s·P`` is again the KL-optimal rate and the stationary covariance is unchanged —
+           Mandt et al.'s SGFS device (§5.2) of trading step size for injected noise.
+
+        The noise scale is a ``(D,)`` vector of sds, or a ``(D, D)`` square root of ``E`` for
+        the full preconditioner.
         """
         dim = self.problem.dim
         n, b = self.problem.data_size, self.batch_size
+        full = self.preconditioner == "full"
         if self.preconditioner == "scalar":
-            lifted, inject = noise, np.zeros(dim)
+            lifted, lift = noise, np.zeros(dim)
         else:
             lifted, lift = lift_noise(noise, curvature, n)
-            inject = n**2 / b * lift
-        idx = self._sampled_idx
-        if idx is None:
-            return rule(lifted), inject
+        idx = self._sampled_idx if self._sampled_idx is not None else np.arange(dim)
         sub = lifted[np.ix_(idx, idx)] if lifted.ndim == 2 else lifted[idx]
         p_sub = np.asarray(rule(sub))
-        if p_sub.ndim == 2:
+        if p_sub.ndim == 0 and self._sampled_idx is None:
+            precond = p_sub
+        elif p_sub.ndim == 2:
             precond = np.zeros((dim, dim))
             precond[np.ix_(idx, idx)] = p_sub
         else:
             precond = np.zeros(dim)
             precond[idx] = p_sub
-        inject_out = np.zeros(dim)
-        inject_out[idx] = inject[idx]
-        return precond, inject_out
+        scale = self._stability_scale(precond, position, fixed, key)
+        precond = precond * scale
+        extra = np.diag(lift) if full else lift.copy()
+        if self._compensate_cap and self.preconditioner != "scalar":
+            extra = extra + (1.0 / scale - 1.0) * lifted
+        if not sampling or self.preconditioner == "scalar":
+            extra = np.zeros_like(extra)
+        mask = np.zeros(dim, dtype=bool)
+        mask[idx] = True
+        extra = extra * (np.outer(mask, mask) if full else mask)
+        extra = n**2 / b * extra
+        if full:
+            w, v = np.linalg.eigh(0.5 * (extra + extra.T))
+            return precond, (v * np.sqrt(np.maximum(w, 0.0))) @ v.T
+        return precond, np.sqrt(np.maximum(extra, 0.0))
 
     def _reset_tuning(self) -> None:
         self._noise.reset()
@@ -501,36 +534,40 @@ class _PreconditionedSGD(SGMCMCStep):
         self._in_search = bool(self.tune) and self._tune_calls < self.search_draws
         self._tune_calls += 1
         if self._in_search:
-            precond, _ = self._preconditioner_from(
+            self.precond_value, self.inject_value = self._tuned(
                 lambda c: iasg_preconditioner(c, self.preconditioner, self.problem.data_size, 0.5),
                 noise,
                 curvature,
+                position,
+                fixed,
+                key,
+                sampling=False,
             )
-            inject = np.zeros(self.problem.dim)  # searching for the mode, not sampling
-        else:
-            averaged = self._curvature.update(curvature)
-            if self._sampled_idx is not None:
-                # With hyperparameters moving, the prior's curvature changes from draw to draw:
-                # an average over past draws lags behind and under-injects noise, which would
-                # shrink the samples and push a precision hyperparameter further up.
-                averaged = self._curvature.value = np.array(curvature, dtype=np.float64)
-            precond, inject = self._preconditioner_from(
-                self._sampling_preconditioner, self._noise.update(noise), averaged
-            )
-        self.precond_value = self._stabilised(precond, position, fixed, key)
-        self.inject_value = inject
+            return
+        averaged = self._curvature.update(curvature)
+        if self._sampled_idx is not None:
+            # With hyperparameters moving, the prior's curvature changes from draw to draw: an
+            # average over past draws lags behind and under-injects noise, which would shrink
+            # the samples and push a precision hyperparameter further up.
+            averaged = self._curvature.value = np.array(curvature, dtype=np.float64)
+        self.precond_value, self.inject_value = self._tuned(
+            self._sampling_preconditioner,
+            self._noise.update(noise),
+            averaged,
+            position,
+            fixed,
+            key,
+            sampling=True,
+        )
 
     def stop_tuning(self) -> None:
         super().stop_tuning()
-        if self._in_search and self._last_noise is not None:
+        if self._in_search and self._last_noise is not None and self.chain_state is not None:
             # Tuning ended inside the search phase: switch to the sampling rate.
-            noise, curvature = self._last_noise
-            self.precond_value, self.inject_value = self._preconditioner_from(
-                self._sampling_preconditioner,
-                self._noise.update(noise),
-                self._curvature.update(curvature),
-            )
             self._in_search = False
+            self._tune_calls = self.search_draws
+            self._tune_draw(self.chain_state[1].position, self._last_fixed, self.chain_state[0])
+            self.tune = False
 
     def _params(self, iteration: int) -> dict[str, Any]:
         precond = np.asarray(self.precond_value, dtype=self.problem.dtype)
@@ -633,6 +670,7 @@ class ConstantSGD(_PreconditionedSGD):
     """
 
     name = "constant_sgd"
+    _compensate_cap = True
 
     def __init__(
         self,

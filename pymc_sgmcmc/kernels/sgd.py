@@ -59,7 +59,7 @@ def step(
     momentum: jax.Array | float | None = None,
     hyper_mask: jax.Array | None = None,
     hyper_rate: jax.Array | float = 0.0,
-    injected_noise_var: jax.Array | None = None,
+    injected_noise_scale: jax.Array | None = None,
 ) -> tuple[SGDState, SGDInfo]:
     """One constant-SGD step.
 
@@ -83,9 +83,10 @@ def step(
         hyperparameters, moved by gradient *ascent* ``λ ← λ + hyper_rate ⊙ g`` (the rate may
         be a ``(D,)`` vector, e.g. a Robbins–Monro factor over a curvature), not sampled;
         ``P`` must be zero on them.
-    injected_noise_var
-        ``(D,)`` diagonal ``E`` of extra gradient noise: the step uses ``ĝ + e`` with
-        ``e ~ N(0, diag E)`` (``pymc_sgmcmc.tuning.lift_noise`` says why).
+    injected_noise_scale
+        Extra gradient noise ``e ~ N(0, E)`` added to ``ĝ``: a ``(D,)`` vector of sds
+        (diagonal ``E``) or a ``(D, D)`` square root ``L`` with ``L Lᵀ = E``
+        (``pymc_sgmcmc.step_methods._PreconditionedSGD._tuned`` says why).
 
     Examples
     --------
@@ -97,9 +98,9 @@ def step(
     """
     logdensity, grad = logdensity_grad_fn(state.position)
     drive = grad
-    if injected_noise_var is not None:
+    if injected_noise_scale is not None:
         z = jax.random.normal(rng_key, grad.shape, dtype=grad.dtype)
-        drive = grad + jnp.sqrt(injected_noise_var) * z
+        drive = grad + apply_preconditioner(injected_noise_scale, z)
     update = step_size * apply_preconditioner(preconditioner, drive)
     hyper_update = 0.0 if hyper_mask is None else hyper_mask * hyper_rate * grad
     if momentum is None:
