@@ -14,6 +14,7 @@ from __future__ import annotations
 import pymc as pm
 
 from pymc_sgmcmc import schedules
+from pymc_sgmcmc._hooks import install as _install_hooks
 from pymc_sgmcmc._multiprocessing import install as _install_mp
 from pymc_sgmcmc.bridge import MinibatchProblem, build_problem
 from pymc_sgmcmc.errors import DataShapeError, DivergenceError, ModelNotSupportedError
@@ -40,3 +41,4 @@ for _cls in (ConstantSGD, SGLD, IASG):
     if _cls not in pm.STEP_METHODS:
         pm.STEP_METHODS.append(_cls)
 _install_mp()
+_install_hooks()

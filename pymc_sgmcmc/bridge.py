@@ -106,7 +106,9 @@ class MinibatchProblem:
         """Inverse of :meth:`ravel`, casting each variable back to its own dtype."""
         out, start = {}, 0
         for v in self.var_infos:
-            out[v.name] = np.asarray(position[start : start + v.size]).reshape(v.shape).astype(v.dtype)
+            out[v.name] = (
+                np.asarray(position[start : start + v.size]).reshape(v.shape).astype(v.dtype)
+            )
             start += v.size
         return out
 
@@ -189,7 +191,10 @@ def _jax_funcify_arange(op: Any, node: Any, **kwargs: Any) -> Callable:
             raise NotImplementedError("arange bounds must be constants or shapes under JAX")
 
     def arange(start: Any, stop: Any, step: Any) -> Any:
-        args = [int(a) if c is None else c for a, c in zip((start, stop, step), constant_args, strict=True)]
+        args = [
+            int(a) if c is None else c
+            for a, c in zip((start, stop, step), constant_args, strict=True)
+        ]
         return jnp.arange(*args, dtype=op.dtype)
 
     return arange
@@ -444,9 +449,7 @@ def build_problem(
                     "container (pm.Data) nor an observed variable."
                 )
             forced_leaves.append(item)
-        sizes = {
-            _leaf_label(model, v, observed_owner): leading(v) for v in forced_leaves
-        }
+        sizes = {_leaf_label(model, v, observed_owner): leading(v) for v in forced_leaves}
         if len(set(sizes.values())) != 1 or None in sizes.values():
             raise DataShapeError(
                 "The data containers passed as minibatch_data must share one leading (row) "
@@ -465,7 +468,8 @@ def build_problem(
             ]
     else:
         obs_rows = {
-            rv: (leading(val) if leading(val) is not None else 0) for rv, val in observed_value.items()
+            rv: (leading(val) if leading(val) is not None else 0)
+            for rv, val in observed_value.items()
         }
         data_size = max(obs_rows.values())
         if data_size <= 1:
@@ -528,9 +532,7 @@ def build_problem(
     for i, leaf in enumerate(leaves):
         value = _data_leaf_value(leaf)
         assert value is not None
-        ph = pt.tensor(
-            name=f"batch_{i}", dtype=leaf.dtype, shape=(None, *value.shape[1:])
-        )
+        ph = pt.tensor(name=f"batch_{i}", dtype=leaf.dtype, shape=(None, *value.shape[1:]))
         placeholders.append(ph)
         replacements[leaf] = ph
         data_names.append(observed_owner.get(leaf) or leaf.name or f"data_{i}")
@@ -546,13 +548,11 @@ def build_problem(
         raise _misaligned(model, mb_names, data_size, err) from err
 
     ip = model.initial_point()
-    _probe_rows(model, sampled, fixed, placeholders, data_arrays, rows_graph, ip, mb_names, data_size)
-    infos = tuple(
-        VarInfo(v.name, tuple(np.shape(ip[v.name])), str(v.dtype)) for v in sampled
+    _probe_rows(
+        model, sampled, fixed, placeholders, data_arrays, rows_graph, ip, mb_names, data_size
     )
-    fixed_infos = tuple(
-        VarInfo(v.name, tuple(np.shape(ip[v.name])), str(v.dtype)) for v in fixed
-    )
+    infos = tuple(VarInfo(v.name, tuple(np.shape(ip[v.name])), str(v.dtype)) for v in sampled)
+    fixed_infos = tuple(VarInfo(v.name, tuple(np.shape(ip[v.name])), str(v.dtype)) for v in fixed)
     problem = MinibatchProblem(
         model=model,
         var_infos=infos,

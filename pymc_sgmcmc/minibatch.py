@@ -35,10 +35,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["MinibatchScheme", "block_rows", "draw_minibatch", "layout_data", "noise_factor"]
+__all__ = [
+    "MinibatchScheme",
+    "block_rows",
+    "draw_minibatch",
+    "layout_data",
+    "minibatch_indices",
+    "noise_factor",
+    "take_minibatch",
+]
 
 MinibatchScheme = Literal["blocks", "random"]
-SHUFFLE_SEED = 20170101  # the data permutation is part of the problem, not of a chain
+SHUFFLE_SEED = 20170101
+UNROLLED_SLICES = 8  # the data permutation is part of the problem, not of a chain
 
 
 def layout_data(
@@ -72,6 +81,51 @@ def noise_factor(data_size: int, batch_size: int, scheme: MinibatchScheme) -> fl
     return (data_size - s) / (data_size - 1) if data_size > 1 else 1.0
 
 
+def minibatch_indices(
+    rng_key: jax.Array,
+    data_size: int,
+    batch_size: int,
+    scheme: MinibatchScheme,
+    shape: tuple[int, ...] = (),
+) -> jax.Array:
+    """Index draws for ``shape`` minibatches in one vectorised call.
+
+    ``"blocks"``: ``shape + (B/s,)`` sub-block offsets; ``"random"``: ``shape + (B,)`` rows.
+    Drivers draw a whole draw's indices before the ``lax.scan`` (one PRNG call instead of one
+    per iteration, which dominated small-batch iterations on CPU)."""
+    per_batch = (
+        batch_size // block_rows(data_size, batch_size) if scheme == "blocks" else batch_size
+    )
+    return jax.random.randint(rng_key, (*shape, per_batch), 0, data_size)
+
+
+def take_minibatch(
+    indices: jax.Array,
+    data: Sequence[jax.Array],
+    data_size: int,
+    batch_size: int,
+    scheme: MinibatchScheme,
+) -> tuple[jax.Array, ...]:
+    """The minibatch for one row of :func:`minibatch_indices`."""
+    if scheme == "blocks":
+        s = block_rows(data_size, batch_size)
+
+        def take(a: jax.Array) -> jax.Array:
+            if indices.shape[0] <= UNROLLED_SLICES:
+                # A few slices: concatenated dynamic slices compile to plain copies, which
+                # XLA's CPU backend runs ~1.5x faster than the gather a vmap lowers to.
+                slices = [
+                    jax.lax.dynamic_slice_in_dim(a, indices[i], s, axis=0)
+                    for i in range(indices.shape[0])
+                ]
+                return jnp.concatenate(slices, axis=0)
+            blocks = jax.vmap(lambda st: jax.lax.dynamic_slice_in_dim(a, st, s, axis=0))(indices)
+            return blocks.reshape((batch_size, *a.shape[1:]))
+
+        return tuple(take(a) for a in data)
+    return tuple(jnp.take(a, indices, axis=0) for a in data)
+
+
 def draw_minibatch(
     rng_key: jax.Array,
     data: Sequence[jax.Array],
@@ -80,14 +134,5 @@ def draw_minibatch(
     scheme: MinibatchScheme,
 ) -> tuple[jax.Array, ...]:
     """Draw one minibatch of ``batch_size`` rows from data laid out by :func:`layout_data`."""
-    if scheme == "blocks":
-        s = block_rows(data_size, batch_size)
-        starts = jax.random.randint(rng_key, (batch_size // s,), 0, data_size)
-
-        def take(a: jax.Array) -> jax.Array:
-            blocks = jax.vmap(lambda st: jax.lax.dynamic_slice_in_dim(a, st, s, axis=0))(starts)
-            return blocks.reshape((batch_size, *a.shape[1:]))
-
-        return tuple(take(a) for a in data)
-    idx = jax.random.randint(rng_key, (batch_size,), 0, data_size)
-    return tuple(jnp.take(a, idx, axis=0) for a in data)
+    indices = minibatch_indices(rng_key, data_size, batch_size, scheme)
+    return take_minibatch(indices, data, data_size, batch_size, scheme)

@@ -51,28 +51,43 @@ class NoiseEstimate:
 
     Within a window the weight is ``κ_t = 1/t`` (Mandt et al. 2017, eq. 21). The early draws of
     tuning are taken far from the mode, where the gradient noise is larger, so the mean is
-    restarted after 1, 2, 4, 8, … updates (as Stan restarts its adaptation windows); the
-    estimate in force at the end of tuning averages the last window, about half of the
-    tuning draws.
+    restarted after 1, 2, 4, 8, … updates (as Stan restarts its adaptation windows). The
+    estimate in force (``value``) pools the last completed window with the current one, so
+    that it does not jump back to a single noisy estimate when a window starts — in
+    variational EM such a jump perturbed the sampled spread and sent the hyperparameter
+    astray. At the end of tuning it averages the last ``~3/4`` of the tuning draws at most.
     """
 
     count: int = 0
     window: int = 1
-    value: np.ndarray | None = field(default=None)
+    current: np.ndarray | None = field(default=None)
+    previous: np.ndarray | None = field(default=None)
+    previous_count: int = 0
+
+    @property
+    def value(self) -> np.ndarray | None:
+        if self.current is None:
+            return self.previous
+        if self.previous is None:
+            return self.current
+        total = self.count + self.previous_count
+        return (self.count * self.current + self.previous_count * self.previous) / total
 
     def update(self, estimate: np.ndarray) -> np.ndarray:
         estimate = np.asarray(estimate, dtype=np.float64)
         if self.count >= self.window:
-            self.count, self.window = 0, 2 * self.window
+            self.previous, self.previous_count = self.current, self.count
+            self.current, self.count, self.window = None, 0, 2 * self.window
         self.count += 1
-        if self.value is None or self.count == 1:
-            self.value = estimate.copy()
+        if self.current is None:
+            self.current = estimate.copy()
         else:
-            self.value += (estimate - self.value) / self.count
+            self.current = self.current + (estimate - self.current) / self.count
         return self.value
 
     def reset(self) -> None:
-        self.count, self.window, self.value = 0, 1, None
+        self.count, self.window, self.current = 0, 1, None
+        self.previous, self.previous_count = None, 0
 
 
 def kl_optimal_scalar_step(noise_trace: float, dim: int, data_size: int, batch_size: int) -> float:
@@ -186,7 +201,9 @@ def kl_optimal_preconditioner(
     scale = 2.0 * batch_size / data_size**2
     diag = np.diag(noise) if noise.ndim == 2 else noise
     if kind == "scalar":
-        return np.asarray(kl_optimal_scalar_step(float(diag.sum()), diag.size, data_size, batch_size))
+        return np.asarray(
+            kl_optimal_scalar_step(float(diag.sum()), diag.size, data_size, batch_size)
+        )
     if kind == "diagonal":
         return scale * inverse_noise(diag)
     if kind == "full":

@@ -80,7 +80,11 @@ def test_multi_output_model_against_nuts():
         nuts = pm.sample(draws=1000, tune=500, random_seed=1, **kwargs)
     with build():
         ours = pm.sample(
-            draws=10_000, tune=300, step=pmsg.SGLD(batch_size=100), random_seed=2, **{**kwargs, "cores": 2}
+            draws=10_000,
+            tune=300,
+            step=pmsg.SGLD(batch_size=100),
+            random_seed=2,
+            **{**kwargs, "cores": 2},
         )
     for var in ("beta", "a", "s"):
         ref = nuts.posterior[var].values.reshape(2000, -1)

@@ -20,7 +20,9 @@ from pymc_sgmcmc.minibatch import noise_factor
 
 pytestmark = pytest.mark.slow
 Z = 3.5
-SAMPLE = dict(chains=2, cores=1, random_seed=11, progressbar=False, compute_convergence_checks=False)
+SAMPLE = dict(
+    chains=2, cores=1, random_seed=11, progressbar=False, compute_convergence_checks=False
+)
 
 
 def _flat(idata, var):
@@ -46,7 +48,9 @@ def _check_gaussian(draws, mean, cov, ess):
 @pytest.mark.parametrize(
     "make_step",
     [
-        pytest.param(lambda: pmsg.ConstantSGD(batch_size=100, preconditioner="full"), id="constant_sgd_full"),
+        pytest.param(
+            lambda: pmsg.ConstantSGD(batch_size=100, preconditioner="full"), id="constant_sgd_full"
+        ),
         pytest.param(lambda: pmsg.IASG(batch_size=100), id="iasg"),
     ],
 )
@@ -71,7 +75,10 @@ def test_scalar_constant_sgd_matches_the_ou_prediction_for_theorem_1_rate(regres
     n, batch = reg.X.shape[0], 100
     with reg.model():
         idata = pm.sample(
-            draws=3000, tune=50, step=pmsg.ConstantSGD(batch_size=batch, preconditioner="scalar"), **SAMPLE
+            draws=3000,
+            tune=50,
+            step=pmsg.ConstantSGD(batch_size=batch, preconditioner="scalar"),
+            **SAMPLE,
         )
     c = reg.per_datum_grad_cov(reg.mean)
     noise = n**2 * c / batch * noise_factor(n, batch, "blocks")
@@ -84,13 +91,17 @@ def test_scalar_constant_sgd_matches_the_ou_prediction_for_theorem_1_rate(regres
         np.testing.assert_allclose(p, 2 * batch * 10 / (n**2 * np.trace(c)), rtol=0.05)
         predicted = scipy.linalg.solve_continuous_lyapunov(reg.precision, p * noise)
         ratio = np.diag(np.cov(beta[chain], rowvar=False)) / np.diag(predicted)
-        assert np.all(np.abs(ratio - 1) < 0.15), f"chain {chain}: variance ratios {np.round(ratio, 3)}"
+        assert np.all(np.abs(ratio - 1) < 0.15), (
+            f"chain {chain}: variance ratios {np.round(ratio, 3)}"
+        )
 
 
 def test_temperature_scales_the_posterior_covariance(regression_d10):
     reg = regression_d10
     with reg.model():
-        idata = pm.sample(draws=1200, tune=50, step=pmsg.IASG(batch_size=100, temperature=2.0), **SAMPLE)
+        idata = pm.sample(
+            draws=1200, tune=50, step=pmsg.IASG(batch_size=100, temperature=2.0), **SAMPLE
+        )
     ess = _ess(idata, "beta")
     _check_gaussian(_flat(idata, "beta"), reg.mean, 2.0 * reg.cov, ess)
 
@@ -148,7 +159,9 @@ def test_variational_em_finds_the_empirical_bayes_prior_precision():
         mean = np.linalg.solve(precision, X.T @ y)
         return 0.5 * (y @ y - y @ X @ mean + np.linalg.slogdet(precision)[1] - d * np.log(lam))
 
-    eb = float(np.exp(scipy.optimize.minimize_scalar(neg_log_evidence, bounds=(-8, 8), method="bounded").x))
+    eb = float(
+        np.exp(scipy.optimize.minimize_scalar(neg_log_evidence, bounds=(-8, 8), method="bounded").x)
+    )
     with pm.Model():
         lam = pm.Gamma("lam", alpha=1.0, beta=1e-3, initval=1.0)
         b = pm.Normal("b", 0, sigma=1 / pm.math.sqrt(lam), shape=d)
@@ -161,3 +174,25 @@ def test_variational_em_finds_the_empirical_bayes_prior_precision():
     np.testing.assert_allclose(found[0, 0], eb, rtol=0.2)
     assert "hyper_lam_log__" in idata.sample_stats
     assert len(step.hyper_trajectory) == 1000  # one entry per tuning draw
+
+
+def test_variational_em_selects_the_validation_optimal_prior_precision_on_digits():
+    """Mandt et al. §7.3: multinomial logistic regression on scikit-learn's digits (1797 × 64,
+    shipped with the package), prior precision λ on the weights. Variational EM's λ must be
+    within a factor 3 of the λ minimising validation log-loss on a grid (MAP fits by
+    scikit-learn). Uses ``examples/vem_digits.py`` itself, which also draws the docs figure.
+    """
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "examples" / "vem_digits.py"
+    spec = importlib.util.spec_from_file_location("vem_digits", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+
+    Xt, yt, Xv, yv = example.load()
+    grid = np.logspace(-3, 2, 11)
+    best = float(grid[np.argmin(example.validation_grid(Xt, yt, Xv, yv, grid))])
+    lam, trajectory = example.fit_vem(Xt, yt, tune=1500, draws=20, seed=1)
+    assert len(trajectory) == 1500
+    assert best / 3 <= lam <= best * 3, (lam, best)

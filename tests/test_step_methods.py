@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,9 @@ from pymc.sampling.mcmc import assign_step_methods
 
 import pymc_sgmcmc as pmsg
 
-SAMPLE = dict(draws=30, tune=10, chains=2, cores=1, progressbar=False, compute_convergence_checks=False)
+SAMPLE = dict(
+    draws=30, tune=10, chains=2, cores=1, progressbar=False, compute_convergence_checks=False
+)
 
 
 @pytest.fixture
@@ -35,7 +38,13 @@ def test_inference_data_groups_and_stats(model, step_cls):
     with model:
         idata = pm.sample(step=step_cls(batch_size=100), random_seed=1, **SAMPLE)
         idata.extend(pm.sample_posterior_predictive(idata, progressbar=False, random_seed=2))
-    for group in ("posterior", "sample_stats", "observed_data", "constant_data", "posterior_predictive"):
+    for group in (
+        "posterior",
+        "sample_stats",
+        "observed_data",
+        "constant_data",
+        "posterior_predictive",
+    ):
         assert group in idata.groups(), group
     post = idata.posterior
     assert post["beta"].dims == ("chain", "draw", "feature")
@@ -53,6 +62,18 @@ def test_inference_data_groups_and_stats(model, step_cls):
     assert float(stats["step_size"].min()) > 0
     az.summary(idata)
     az.plot_trace(idata, var_names=["beta"])
+    # attrs name the sampler, its settings and each chain's tuned values
+    for group in ("posterior", "sample_stats"):
+        assert idata[group].attrs["sgmcmc_samplers"] == step_cls.__name__
+    (settings,) = json.loads(idata.posterior.attrs["sgmcmc_settings"])
+    assert settings["sampler"] == step_cls.__name__ and settings["batch_size"] == 100
+    assert len(settings["chains"]) == 2 and settings["tuned_in"] == "this process"
+    if step_cls is pmsg.SGLD:
+        tuned = [c["step_size"] for c in settings["chains"]]
+        np.testing.assert_allclose(tuned, stats["step_size"].values[:, -1])
+    else:
+        assert all(np.all(np.isfinite(c["preconditioner_value"])) for c in settings["chains"])
+    assert "sampling_time" in idata.posterior.attrs  # PyMC's own attrs are kept
 
 
 def test_same_seed_same_draws_and_cores_do_not_matter(model):
@@ -70,7 +91,9 @@ def test_same_seed_same_draws_and_cores_do_not_matter(model):
 
 def test_state_persists_across_draws_and_thin_sets_iterations(model):
     with model:
-        idata = pm.sample(step=pmsg.ConstantSGD(batch_size=50, thin=3, momentum=0.5), random_seed=3, **SAMPLE)
+        idata = pm.sample(
+            step=pmsg.ConstantSGD(batch_size=50, thin=3, momentum=0.5), random_seed=3, **SAMPLE
+        )
     passes = idata.sample_stats["data_passes"].values
     # tuning draws are burn-in: the first kept draw has 10 draws × 3 iterations behind it
     np.testing.assert_allclose(passes[:, 0], 11 * 3 * 50 / 2000)
@@ -86,15 +109,21 @@ def test_initvals_are_the_starting_point(model):
             random_seed=1,
             **{**SAMPLE, "tune": 0, "draws": 2},
         )
-    np.testing.assert_allclose(idata.posterior["beta"].values[:, 0], np.tile(start, (2, 1)), atol=1e-4)
+    np.testing.assert_allclose(
+        idata.posterior["beta"].values[:, 0], np.tile(start, (2, 1)), atol=1e-4
+    )
 
 
 def test_multiprocess_after_jax_started_in_this_process(model):
     # JAX has run in this pytest process; PyMC would fork and the workers would deadlock.
     # pymc_sgmcmc switches pm.sample to forkserver in that case.
     with model:
-        idata = pm.sample(step=pmsg.SGLD(batch_size=100), random_seed=5, **{**SAMPLE, "cores": 2, "chains": 2})
+        idata = pm.sample(
+            step=pmsg.SGLD(batch_size=100), random_seed=5, **{**SAMPLE, "cores": 2, "chains": 2}
+        )
     assert idata.posterior["beta"].shape == (2, 30, 3)
+    (settings,) = json.loads(idata.posterior.attrs["sgmcmc_settings"])
+    assert settings["sampler"] == "SGLD" and "chains" not in settings
 
 
 def test_multiprocess_in_a_fresh_process_uses_fork_and_lazy_jax():
@@ -115,7 +144,9 @@ def test_multiprocess_in_a_fresh_process_uses_fork_and_lazy_jax():
         print("OK", float(idata.posterior["b"].mean()))
         """
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "OK" in out.stdout
 
@@ -136,7 +167,9 @@ def test_compound_step_with_a_pymc_sampler():
 
 def test_unknown_keyword_is_refused(model):
     with model:
-        with pytest.raises(TypeError, match=r"unknown keyword argument\(s\) \['stepsize'\].*step_size"):
+        with pytest.raises(
+            TypeError, match=r"unknown keyword argument\(s\) \['stepsize'\].*step_size"
+        ):
             pmsg.SGLD(stepsize=0.1)
 
 
@@ -155,13 +188,17 @@ def test_bad_arguments(model):
 def test_divergence_is_reported_not_returned_as_nan(model):
     with model:
         with pytest.raises(pmsg.DivergenceError, match="Reduce step_size"):
-            pm.sample(step=pmsg.ConstantSGD(step_size=10.0, batch_size=100), random_seed=1, **SAMPLE)
+            pm.sample(
+                step=pmsg.ConstantSGD(step_size=10.0, batch_size=100), random_seed=1, **SAMPLE
+            )
 
 
 def test_schedule_step_size(model):
     schedule = pmsg.schedules.polynomial_decay(a=1e-4, b=10.0, gamma=0.55)
     with model:
-        idata = pm.sample(step=pmsg.SGLD(step_size=schedule, batch_size=100), random_seed=1, **SAMPLE)
+        idata = pm.sample(
+            step=pmsg.SGLD(step_size=schedule, batch_size=100), random_seed=1, **SAMPLE
+        )
     eps = idata.sample_stats["step_size"].values[0]
     assert np.all(np.diff(eps) < 0)
     it = idata.sample_stats["data_passes"].values[0] * 2000 / 100

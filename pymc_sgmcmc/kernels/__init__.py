@@ -1,9 +1,10 @@
 """Pure-JAX kernels, one algorithm per module; no PyMC import here.
 
 Each module exports a ``State`` and an ``Info`` NamedTuple, ``init(position, ...)`` and
-``step(rng_key, state, logdensity_grad_fn, ...) -> (State, Info)`` where
-``logdensity_grad_fn(position) -> (logdensity_estimate, gradient)`` is the minibatch estimate
-of the log posterior (already bound to the minibatch) and its gradient.
+``step(rng_key, state, grad_fn, ..., normal=None) -> (State, Info)`` where
+``grad_fn(position) -> gradient`` is the gradient of the minibatch estimate of the log
+posterior (already bound to the minibatch). ``normal`` optionally supplies the step's
+standard-normal draw so that a driver can draw a whole scan's noise in one call.
 """
 
 from pymc_sgmcmc.kernels import sgd, sgld

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from pymc_sgmcmc.kernels.preconditioning import apply_preconditioner
+from pymc_sgmcmc.kernels.preconditioning import apply_preconditioner, standard_normal
 
 __all__ = ["SGDInfo", "SGDState", "init", "step"]
 
@@ -40,7 +40,6 @@ class SGDState(NamedTuple):
 
 class SGDInfo(NamedTuple):
     step_size: jax.Array
-    loss: jax.Array
     grad_norm: jax.Array
 
 
@@ -53,13 +52,14 @@ def init(position: jax.Array) -> SGDState:
 def step(
     rng_key: jax.Array,
     state: SGDState,
-    logdensity_grad_fn: Callable[[jax.Array], tuple[jax.Array, jax.Array]],
+    grad_fn: Callable[[jax.Array], jax.Array],
     step_size: jax.Array | float,
     preconditioner: jax.Array | None = None,
     momentum: jax.Array | float | None = None,
     hyper_mask: jax.Array | None = None,
     hyper_rate: jax.Array | float = 0.0,
     injected_noise_scale: jax.Array | None = None,
+    normal: jax.Array | None = None,
 ) -> tuple[SGDState, SGDInfo]:
     """One constant-SGD step.
 
@@ -67,11 +67,11 @@ def step(
     ----------
     rng_key
         Key for the injected noise; unused without it (SGD is then deterministic given the
-        minibatch).
+        minibatch) or when ``normal`` is given.
     state
         Current position, velocity and iteration.
-    logdensity_grad_fn
-        ``position -> (log p̂, ∇ log p̂)``, the minibatch estimate of the log posterior.
+    grad_fn
+        ``position -> ∇ log p̂``, the gradient of the minibatch estimate of the log posterior.
     step_size
         Scalar factor of ``P``.
     preconditioner
@@ -87,19 +87,22 @@ def step(
         Extra gradient noise ``e ~ N(0, E)`` added to ``ĝ``: a ``(D,)`` vector of sds
         (diagonal ``E``) or a ``(D, D)`` square root ``L`` with ``L Lᵀ = E``
         (``pymc_sgmcmc.step_methods._PreconditionedSGD._tuned`` says why).
+    normal
+        A pre-drawn standard normal shaped like the position for the injected noise, used
+        instead of ``rng_key``.
 
     Examples
     --------
     >>> import jax.numpy as jnp
     >>> state = init(jnp.array([1.0]))
-    >>> new, info = step(None, state, lambda x: (-0.5 * (x**2).sum(), -x), 0.1)
+    >>> new, info = step(None, state, lambda x: -x, 0.1)
     >>> float(new.position[0])
     0.9
     """
-    logdensity, grad = logdensity_grad_fn(state.position)
+    grad = grad_fn(state.position)
     drive = grad
     if injected_noise_scale is not None:
-        z = jax.random.normal(rng_key, grad.shape, dtype=grad.dtype)
+        z = standard_normal(rng_key, grad, normal)
         drive = grad + apply_preconditioner(injected_noise_scale, z)
     update = step_size * apply_preconditioner(preconditioner, drive)
     hyper_update = 0.0 if hyper_mask is None else hyper_mask * hyper_rate * grad
@@ -108,5 +111,5 @@ def step(
     else:
         velocity = (1.0 - momentum) * state.velocity + update
     position = state.position + velocity + hyper_update
-    info = SGDInfo(jnp.asarray(step_size), -logdensity, jnp.linalg.norm(grad))
+    info = SGDInfo(jnp.asarray(step_size), jnp.linalg.norm(grad))
     return SGDState(position, velocity, state.iteration + 1), info

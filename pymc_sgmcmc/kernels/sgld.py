@@ -47,7 +47,6 @@ class SGLDState(NamedTuple):
 
 class SGLDInfo(NamedTuple):
     step_size: jax.Array
-    loss: jax.Array
     grad_norm: jax.Array
 
 
@@ -60,39 +59,45 @@ def init(position: jax.Array) -> SGLDState:
 def step(
     rng_key: jax.Array,
     state: SGLDState,
-    logdensity_grad_fn: Callable[[jax.Array], tuple[jax.Array, jax.Array]],
+    grad_fn: Callable[[jax.Array], jax.Array],
     step_size: jax.Array | float,
     temperature: float = 1.0,
     rmsprop: bool = False,
     alpha: float = 0.99,
     damping: float = 1e-5,
+    normal: jax.Array | None = None,
 ) -> tuple[SGLDState, SGLDInfo]:
     """One (p)SGLD step.
 
     Parameters
     ----------
     rng_key
-        Key for the injected Gaussian noise.
+        Key for the injected Gaussian noise (unused when ``normal`` is given).
     state
         Current position, RMSprop accumulator and iteration.
-    logdensity_grad_fn
-        ``position -> (log p̂, ∇ log p̂)``, the minibatch estimate of the log posterior.
+    grad_fn
+        ``position -> ∇ log p̂``, the gradient of the minibatch estimate of the log
+        posterior (as in BlackJAX's SG-MCMC kernels; the log-density value is not needed,
+        and computing it every iteration can cost as much as the gradient).
     step_size
         :math:`\\epsilon_t` at this iteration.
     temperature
         Scales the injected noise variance; 1 samples the posterior.
     rmsprop, alpha, damping
         pSGLD's diagonal preconditioner, its averaging rate α and damping λ.
+    normal
+        A pre-drawn standard normal shaped like the position, used instead of ``rng_key``
+        (drivers draw all of a draw's noise in one vectorised call).
 
     Examples
     --------
     >>> import jax, jax.numpy as jnp
     >>> state = init(jnp.zeros(2))
-    >>> new, info = step(jax.random.key(0), state, lambda x: (0.0, -x), 0.01)
+    >>> new, info = step(jax.random.key(0), state, lambda x: -x, 0.01)
     >>> new.position.shape
     (2,)
     """
-    logdensity, grad = logdensity_grad_fn(state.position)
+    grad = grad_fn(state.position)
     if rmsprop:
         square_avg = alpha * state.square_avg + (1.0 - alpha) * grad * grad
         precond = 1.0 / (damping + jnp.sqrt(square_avg))
@@ -100,7 +105,7 @@ def step(
         square_avg = state.square_avg
         precond = None
     drift = 0.5 * step_size * (grad if precond is None else precond * grad)
-    noise = jnp.sqrt(step_size * temperature) * preconditioned_noise(rng_key, precond, grad)
+    noise = jnp.sqrt(step_size * temperature) * preconditioned_noise(rng_key, precond, grad, normal)
     position = state.position + drift + noise
-    info = SGLDInfo(jnp.asarray(step_size), -logdensity, jnp.linalg.norm(grad))
+    info = SGLDInfo(jnp.asarray(step_size), jnp.linalg.norm(grad))
     return SGLDState(position, square_avg, state.iteration + 1), info

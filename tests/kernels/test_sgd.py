@@ -12,9 +12,9 @@ jax.config.update("jax_enable_x64", True)
 
 
 def quadratic(position):
-    # log p = -0.5 xᵀ diag(1, 4) x  →  ∇ log p = -(1, 4) ⊙ x
+    # ∇ log p for log p = -0.5 xᵀ diag(1, 4) x
     scale = jnp.array([1.0, 4.0])
-    return -0.5 * jnp.sum(scale * position**2), -scale * position
+    return -scale * position
 
 
 def test_one_plain_step_matches_hand_computation():
@@ -22,7 +22,6 @@ def test_one_plain_step_matches_hand_computation():
     new, info = sgd.step(jax.random.key(0), state, quadratic, 0.1)
     # θ - P ĝ with ĝ = -∇log p = (1, -8): (1 - 0.1, -2 + 0.8)
     np.testing.assert_allclose(new.position, [0.9, -1.2], rtol=1e-15)
-    np.testing.assert_allclose(info.loss, 0.5 * (1.0 + 16.0), rtol=1e-15)
     np.testing.assert_allclose(info.grad_norm, np.hypot(1.0, 8.0), rtol=1e-15)
     assert int(new.iteration) == 1
 
