@@ -493,6 +493,12 @@ class _PreconditionedSGD(SGMCMCStep):
     def _sampling_preconditioner(self, noise: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
+    def _raise_noise(self, lifted: np.ndarray, lift: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Hook: raise the (lifted) per-datum noise ``C'`` further, returning ``(C'', lift'')``
+        with ``lift''`` the total ``(D,)`` diagonal increase over the measured ``C``. The
+        increase is injected as gradient noise while sampling (SGFS's ``h_max`` rule)."""
+        return lifted, lift
+
     _compensate_cap = False
     """Whether a stability cap on ``P`` is made up for by injected noise (constant SGD's
     stationary covariance scales with ``P``; IASG's window mean does not depend on it)."""
@@ -530,6 +536,7 @@ class _PreconditionedSGD(SGMCMCStep):
             lifted, lift = noise, np.zeros(dim)
         else:
             lifted, lift = lift_noise(noise, curvature, n)
+        lifted, lift = self._raise_noise(lifted, lift)
         idx = self._sampled_idx if self._sampled_idx is not None else np.arange(dim)
         sub = lifted[np.ix_(idx, idx)] if lifted.ndim == 2 else lifted[idx]
         p_sub = np.asarray(rule(sub))
