@@ -39,8 +39,10 @@ __all__ = [
     "MinibatchScheme",
     "block_rows",
     "draw_minibatch",
+    "full_data_chunks",
     "layout_data",
     "minibatch_indices",
+    "minibatch_row_ids",
     "noise_factor",
     "take_minibatch",
 ]
@@ -124,6 +126,30 @@ def take_minibatch(
 
         return tuple(take(a) for a in data)
     return tuple(jnp.take(a, indices, axis=0) for a in data)
+
+
+def minibatch_row_ids(
+    indices: jax.Array, data_size: int, batch_size: int, scheme: MinibatchScheme
+) -> jax.Array:
+    """``(B,)`` row indices in ``0..N−1`` (of the laid-out, shuffled data) of the minibatch
+    that :func:`take_minibatch` reads for one row of :func:`minibatch_indices`."""
+    if scheme == "blocks":
+        s = block_rows(data_size, batch_size)
+        return ((indices[:, None] + jnp.arange(s)[None, :]) % data_size).reshape(batch_size)
+    return indices
+
+
+def full_data_chunks(data_size: int, batch_size: int) -> tuple[jax.Array, jax.Array]:
+    """Starts and row masks that cover rows ``0..N−1`` exactly once in chunks of ``B`` rows.
+
+    Chunk ``k`` starts at ``min(kB, N − B)`` (so that every read stays inside the data of
+    either layout); its mask keeps the rows at or after ``kB``, which a clamped final chunk
+    would otherwise count twice."""
+    n_chunks = -(-data_size // batch_size)
+    k = jnp.arange(n_chunks)
+    starts = jnp.minimum(k * batch_size, data_size - batch_size)
+    masks = (starts[:, None] + jnp.arange(batch_size)[None, :]) >= (k * batch_size)[:, None]
+    return starts, masks
 
 
 def draw_minibatch(

@@ -30,6 +30,7 @@ from pymc_sgmcmc.minibatch import (
     draw_minibatch,
     layout_data,
     minibatch_indices,
+    minibatch_row_ids,
     take_minibatch,
 )
 from pymc_sgmcmc.schedules import Schedule, as_schedule, polynomial_decay
@@ -182,6 +183,38 @@ class SGMCMCStep(BlockedStep):
         return state
 
     # -- subclass hooks -----------------------------------------------------------------------
+    def _make_iteration(
+        self, fns: dict[str, Callable], kernel_step: Callable, data: tuple
+    ) -> Callable:
+        """``iteration(normal, state, batch, row_ids, fixed, params) -> (state, info, grad)``:
+        one inner iteration given its minibatch (``row_ids`` are the rows' indices in the
+        laid-out data, modulo ``N``); ``grad`` is the gradient estimate used (its per-draw
+        mean drives variational EM). Default: the plain minibatch gradient into the kernel."""
+        import jax
+
+        grad_logdensity = jax.grad(fns["logdensity"])
+
+        def iteration(normal, state, batch, row_ids, fixed, params):
+            grad = grad_logdensity(state.position, fixed, batch)
+            if "hyper_mask" in params:
+                # Point-estimated coordinates ascend the density without the transform's
+                # Jacobian (see ConstantSGD's hyper_vars).
+                jac = jax.grad(fns["log_jacobian"])(state.position, fixed)
+                grad = grad - params["hyper_mask"] * jac
+            # The kernel evaluates its gradient once, at state.position: hand it over.
+            state, info = kernel_step(normal, state, lambda _: grad, params)
+            return state, info, grad
+
+        return iteration
+
+    def _make_init(self, fns: dict[str, Callable], kernel_init: Callable) -> Callable:
+        """``init(position, data, fixed) -> kernel state`` at the start of a chain."""
+        return lambda position, data, fixed: kernel_init(position)
+
+    def _data_passes(self, iteration: int) -> float:
+        """Cumulative data passes (rows whose gradient was evaluated, over ``N``)."""
+        return float(iteration * self.batch_size / self.problem.data_size)
+
     def _kernel(self) -> tuple[Callable, Callable]:
         """(init(position) -> state, step(normal, state, grad_fn, params) -> (state, info)),
         ``normal`` the iteration's pre-drawn standard normal shaped like the position."""
@@ -228,7 +261,7 @@ class SGMCMCStep(BlockedStep):
         # 4x cut it by ~30% at B = 100, D = 20. Large ones gain nothing and compile longer.
         unroll = 4 if thin >= 4 and b * problem.dim <= UNROLL_MAX_WORK else 1
         logdensity = fns["logdensity"]
-        grad_logdensity = jax.grad(logdensity)
+        iteration = self._make_iteration(fns, kernel_step, data)
 
         def draw(key, state, data, fixed, params):
             # All of a draw's randomness in two vectorised calls before the scan: per-iteration
@@ -242,14 +275,8 @@ class SGMCMCStep(BlockedStep):
                 state, position_sum, grad_sum = carry
                 rows, normal = xs
                 batch = take_minibatch(rows, data, n, b, scheme)
-                grad = grad_logdensity(state.position, fixed, batch)
-                if "hyper_mask" in params:
-                    # Point-estimated coordinates ascend the density without the
-                    # transform's Jacobian (see ConstantSGD's hyper_vars).
-                    jac = jax.grad(fns["log_jacobian"])(state.position, fixed)
-                    grad = grad - params["hyper_mask"] * jac
-                # The kernel evaluates its gradient once, at state.position: hand it over.
-                state, info = kernel_step(normal, state, lambda _: grad, params)
+                row_ids = minibatch_row_ids(rows, n, b, scheme)
+                state, info, grad = iteration(normal, state, batch, row_ids, fixed, params)
                 return (state, position_sum + state.position, grad_sum + grad), info
 
             zeros = jnp.zeros_like(state.position)
@@ -318,7 +345,7 @@ class SGMCMCStep(BlockedStep):
 
         self._compiled = {
             "draw": jax.jit(draw),
-            "init": jax.jit(kernel_init),
+            "init": jax.jit(self._make_init(fns, kernel_init)),
             "noise": jax.jit(noise, static_argnames="full"),
             "spectral_radius": jax.jit(spectral_radius),
             "data": data,
@@ -345,7 +372,8 @@ class SGMCMCStep(BlockedStep):
                     "`initvals=` to pm.sample."
                 )
             seed = int(self.rng.integers(2**31))
-            self.chain_state = (jax.random.PRNGKey(seed), compiled["init"](position))
+            init_state = compiled["init"](position, compiled["data"], fixed)
+            self.chain_state = (jax.random.PRNGKey(seed), init_state)
             self.chain_settings.append({})  # this chain's tuned values, for the attrs
             first = True
         else:
@@ -377,9 +405,7 @@ class SGMCMCStep(BlockedStep):
             self.chain_settings[-1] = {**self.settings(), "tuned": not self.tune}
         stats.update(self._extra_stats(state))
         stats["tune"] = bool(self.tune)
-        stats["data_passes"] = float(
-            int(state.iteration) * self.batch_size / self.problem.data_size
-        )
+        stats["data_passes"] = self._data_passes(int(state.iteration))
         new_point = dict(point)
         new_point.update(self.problem.unravel(np.asarray(self._emit(state, mean_position))))
         return new_point, [stats]
@@ -1090,13 +1116,17 @@ class SGLD(SGMCMCStep):
         noise, curvature = self._estimate_noise(position, fixed, key)
         c = self._noise.update(noise)
         h = self._curvature.update(curvature)
-        self.step_size_value = sgld_step_size(
-            c,
+        self.step_size_value = self._auto_step_size(c, h)
+
+    def _auto_step_size(self, noise: np.ndarray, curvature: np.ndarray) -> float:
+        """The automatic constant step from the averaged noise and curvature estimates."""
+        return sgld_step_size(
+            noise,
             self.problem.data_size,
             self.batch_size,
             rmsprop=self.preconditioner == "rmsprop",
             target_bias=self.target_bias,
-            curvature=h,
+            curvature=curvature,
         )
 
     def stop_tuning(self) -> None:

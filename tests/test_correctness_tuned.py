@@ -34,15 +34,19 @@ def _ess(idata, var):
     return float(az.ess(idata, var_names=[var])[var].min())
 
 
-def _check_gaussian(draws, mean, cov, ess):
+def _check_gaussian(draws, mean, cov, ess, correlations=True):
+    """Means within 0.15 sd, sds within 15% and (optionally) correlations within 0.1, with an
+    ESS large enough that each threshold is ≥ Z Monte Carlo sds."""
     sd = np.sqrt(np.diag(cov))
-    assert 0.15 >= Z / np.sqrt(ess) and 0.15 >= Z / np.sqrt(2 * ess) and 0.1 >= Z / np.sqrt(ess)
+    assert 0.15 >= Z / np.sqrt(ess) and 0.15 >= Z / np.sqrt(2 * ess), f"ESS {ess:.0f} too small"
     z = np.abs(draws.mean(0) - mean) / sd
     ratio = draws.std(0) / sd
-    corr_err = np.abs(np.corrcoef(draws, rowvar=False) - cov / np.outer(sd, sd))
     assert np.all(z < 0.15), f"mean errors in sds: {np.round(z, 3)}"
     assert np.all(np.abs(ratio - 1) < 0.15), f"sd ratios: {np.round(ratio, 3)}"
-    assert corr_err.max() < 0.1, f"max correlation error {corr_err.max():.3f}"
+    if correlations:
+        assert 0.1 >= Z / np.sqrt(ess), f"ESS {ess:.0f} too small for correlations"
+        corr_err = np.abs(np.corrcoef(draws, rowvar=False) - cov / np.outer(sd, sd))
+        assert corr_err.max() < 0.1, f"max correlation error {corr_err.max():.3f}"
 
 
 @pytest.mark.parametrize(

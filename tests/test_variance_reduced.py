@@ -1,0 +1,184 @@
+"""SAGA-LD and SVRG-LD (Dubey et al. 2016): exact kernel updates, unbiased estimators on a
+PyMC model's own gradients, and posteriors against NUTS."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pymc as pm
+import pytest
+from test_correctness_tuned import SAMPLE, _check_gaussian, _ess, _flat
+
+import pymc_sgmcmc as pmsg
+from pymc_sgmcmc.kernels import saga, svrg
+
+jax.config.update("jax_enable_x64", True)
+
+
+def test_one_saga_step_matches_hand_computation_and_the_table_sum_stays_exact():
+    rng = np.random.default_rng(0)
+    n, d = 6, 2
+    table = jnp.asarray(rng.normal(size=(n, d)))
+    state = saga.init(jnp.array([0.3, -0.2]), table)
+    rows = jnp.array([4, 1, 4])  # drawn with replacement: row 4 twice
+    new_rows = jnp.asarray(rng.normal(size=(3, d)))
+    key = jax.random.key(9)
+    h = 0.01
+    new, info = saga.step(
+        key, state, lambda th: -th, lambda th: new_rows, rows, n, h, temperature=1.0
+    )
+    ghat = -np.array([0.3, -0.2]) + n / 3 * (new_rows - table[rows]).sum(0) + table.sum(0)
+    xi = np.asarray(jax.random.normal(key, (d,), dtype=jnp.float64))
+    np.testing.assert_allclose(new.position, np.array([0.3, -0.2]) + h / 2 * ghat + np.sqrt(h) * xi)
+    np.testing.assert_allclose(info.grad_norm, np.linalg.norm(ghat))
+    # rows 1 and 4 now hold the new gradients (row 4: one of its two, stored once)
+    np.testing.assert_allclose(new.table[1], new_rows[1])
+    assert any(np.allclose(new.table[4], new_rows[i]) for i in (0, 2))
+    np.testing.assert_allclose(new.table_sum, new.table.sum(0), rtol=1e-14)
+
+    # many steps with heavy duplication: the running sum never drifts from the rows' sum
+    def body(st, k):
+        k1, k2 = jax.random.split(k)
+        r = jax.random.randint(k1, (4,), 0, n)
+        g = jax.random.normal(k2, (4, d), dtype=jnp.float64)
+        st, _ = saga.step(None, st, lambda th: -th, lambda th: g, r, n, h, normal=jnp.zeros(d))
+        return st, None
+
+    final, _ = jax.lax.scan(body, state, jax.random.split(key, 500))
+    np.testing.assert_allclose(final.table_sum, final.table.sum(0), rtol=1e-12, atol=1e-12)
+
+
+@pytest.fixture
+def small_logistic():
+    rng = np.random.default_rng(1)
+    n, d = 10, 3
+    X = rng.normal(size=(n, d))
+    y = rng.random(n) < 0.5
+    with pm.Model() as model:
+        pm.Normal("beta", 0, 1, shape=d)
+        pm.Bernoulli("y", logit_p=pm.Data("X", X) @ model["beta"], observed=y)
+    return model, X, y
+
+
+def test_saga_and_svrg_estimators_are_unbiased_over_all_minibatches(small_logistic):
+    # Every ordered with-replacement minibatch of B = 3 of the N = 10 rows (10³ of them),
+    # gradients from the bridge (the model's own PyTensor graph through JAX): their average
+    # is the full-data gradient at θ, whatever the table's stale positions or the anchor.
+    model, X, y = small_logistic
+    with model:
+        step = pmsg.SAGALD(batch_size=3)
+    fns = step.problem.jax_functions()
+    n, b = 10, 3
+    data = tuple(jnp.asarray(a) for a in step.problem.data)
+    rng = np.random.default_rng(2)
+    theta = jnp.asarray(rng.normal(size=3))
+    stale = rng.normal(size=(n, 3))  # α_i: a different stale position per row
+    table = jnp.stack(
+        [
+            fns["per_example_grads"](jnp.asarray(stale[i]), (), tuple(a[i : i + 1] for a in data))[
+                0
+            ]
+            for i in range(n)
+        ]
+    )
+    state = saga.init(theta, table)
+    prior = jax.grad(fns["logprior"])(theta, ())
+    full = jax.grad(lambda th: fns["logdensity"](th, (), data))(theta)
+
+    anchor = jnp.asarray(rng.normal(size=3))
+    anchor_full = jnp.sum(fns["per_example_grads"](anchor, (), data), axis=0)
+    saga_sum = np.zeros(3)
+    svrg_sum = np.zeros(3)
+    combos = list(itertools.product(range(n), repeat=b))
+    for rows in combos:
+        rows = jnp.asarray(rows)
+        batch = tuple(a[rows] for a in data)
+        g_theta = fns["per_example_grads"](theta, (), batch)
+        saga_sum += np.asarray(saga.estimator(state, prior, g_theta, rows, n))
+        g_anchor = fns["per_example_grads"](anchor, (), batch)
+        svrg_sum += np.asarray(
+            svrg.estimator(prior, g_theta.sum(0), g_anchor.sum(0), anchor_full, n, b)
+        )
+    np.testing.assert_allclose(saga_sum / len(combos), full, rtol=1e-10)
+    np.testing.assert_allclose(svrg_sum / len(combos), full, rtol=1e-10)
+
+
+def test_svrg_refreshes_its_anchor_with_the_full_gradient():
+    calls = []
+
+    def full(th):
+        calls.append(1)
+        return 10.0 * th
+
+    state = svrg.init(jnp.array([1.0]))
+    new, _ = svrg.step(
+        None,
+        state,
+        lambda th: 0 * th,
+        lambda th: th,
+        full,
+        5,
+        1,
+        0.1,
+        anchor_every=3,
+        normal=jnp.zeros(1),
+    )
+    np.testing.assert_allclose(new.anchor, [1.0])
+    np.testing.assert_allclose(new.anchor_grad, [10.0])
+    # at θ = anchor the control variate cancels: ĝ = prior + full = 0 + 10
+    np.testing.assert_allclose(new.position, [1.0 + 0.05 * 10.0])
+
+
+def test_bad_arguments_are_refused(small_logistic):
+    model, *_ = small_logistic
+    with model:
+        with pytest.raises(ValueError, match="preconditioner"):
+            pmsg.SAGALD(preconditioner="rmsprop")
+        with pytest.raises(ValueError, match="anchor_every"):
+            pmsg.SVRGLD(anchor_every=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cls", [pmsg.SAGALD, pmsg.SVRGLD])
+def test_logistic_regression_against_nuts(cls, logistic_nuts):
+    build, ref = logistic_nuts
+    with build():
+        ours = pm.sample(draws=1000, tune=100, step=cls(batch_size=200), **SAMPLE)
+    stats = ours.sample_stats
+    assert not stats["diverging"].any()
+    ess = min(_ess(ours, "beta"), float(ref.shape[0]) / 2)
+    # The issue asks for means and sds (Dubey et al. report no correlations); the automatic
+    # step mixes the softest direction in ~1.5 draws, so the ESS suffices for those.
+    _check_gaussian(
+        _flat(ours, "beta"), ref.mean(0), np.cov(ref, rowvar=False), ess, correlations=False
+    )
+
+
+@pytest.fixture(scope="module")
+def logistic_nuts():
+    rng = np.random.default_rng(8)
+    n, d = 20_000, 4
+    X = rng.normal(size=(n, d)) * [1.0, 0.5, 2.0, 1.0]
+    true = rng.normal(size=d) * 0.5
+    y = rng.random(n) < 1 / (1 + np.exp(-(X @ true)))
+
+    def build():
+        with pm.Model() as model:
+            beta = pm.Normal("beta", 0, 1, shape=d)
+            pm.Bernoulli("y", logit_p=pm.Data("X", X) @ beta, observed=y)
+        return model
+
+    saved = os.environ.get("XLA_FLAGS")  # pymc.sampling.jax rewrites it
+    try:
+        with build():
+            nuts = pm.sample(draws=1000, tune=500, nuts_sampler="numpyro", **SAMPLE)
+    finally:
+        if saved is None:
+            os.environ.pop("XLA_FLAGS", None)
+        else:
+            os.environ["XLA_FLAGS"] = saved
+    return build, _flat(nuts, "beta")
