@@ -18,6 +18,7 @@ from pymc_sgmcmc._hooks import install as _install_hooks
 from pymc_sgmcmc._multiprocessing import install as _install_mp
 from pymc_sgmcmc.bridge import MinibatchProblem, build_problem
 from pymc_sgmcmc.errors import DataShapeError, DivergenceError, ModelNotSupportedError
+from pymc_sgmcmc.sgfs import SGFS
 from pymc_sgmcmc.step_methods import IASG, SGLD, ConstantSGD, SGMCMCStep
 from pymc_sgmcmc.variance_reduced import SAGALD, SVRGLD
 
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 __all__ = [
     "IASG",
     "SAGALD",
+    "SGFS",
     "SGLD",
     "SVRGLD",
     "ConstantSGD",
@@ -40,7 +42,7 @@ __all__ = [
 
 # Listed with PyMC's step methods (so step_kwargs by name and tooling see them); their
 # competence is INCOMPATIBLE, so pm.sample never assigns them unless the user names them.
-for _cls in (ConstantSGD, SGLD, IASG, SAGALD, SVRGLD):
+for _cls in (ConstantSGD, SGLD, IASG, SAGALD, SVRGLD, SGFS):
     if _cls not in pm.STEP_METHODS:
         pm.STEP_METHODS.append(_cls)
 _install_mp()
