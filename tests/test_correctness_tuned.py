@@ -7,13 +7,12 @@ threshold is at least 3.5 Monte Carlo sds (a correlation ρ has MC sd ≈ (1 −
 
 from __future__ import annotations
 
-import os
-
 import arviz as az
 import numpy as np
 import pymc as pm
 import pytest
 import scipy.linalg
+from conftest import logistic_model, numpyro_nuts
 
 import pymc_sgmcmc as pmsg
 from pymc_sgmcmc.minibatch import noise_factor
@@ -111,29 +110,8 @@ def test_temperature_scales_the_posterior_covariance(regression_d10):
 
 
 def test_iasg_logistic_regression_against_nuts():
-    rng = np.random.default_rng(5)
-    n, d = 50_000, 5
-    X = rng.normal(size=(n, d)) * [1.0, 0.5, 2.0, 1.0, 1.0]
-    true = rng.normal(size=d) * 0.5
-    y = rng.random(n) < 1 / (1 + np.exp(-(X @ true)))
-
-    def build():
-        with pm.Model() as model:
-            beta = pm.Normal("beta", 0, 1, shape=d)
-            pm.Bernoulli("y", logit_p=pm.Data("X", X) @ beta, observed=y)
-        return model
-
-    # numpyro's NUTS is the fastest reference here (PyMC's NUTS has no BLAS in a pip
-    # install); importing pymc.sampling.jax rewrites XLA_FLAGS, restored for later tests.
-    saved = os.environ.get("XLA_FLAGS")
-    try:
-        with build():
-            nuts = pm.sample(draws=1000, tune=500, nuts_sampler="numpyro", **SAMPLE)
-    finally:
-        if saved is None:
-            os.environ.pop("XLA_FLAGS", None)
-        else:
-            os.environ["XLA_FLAGS"] = saved
+    build = logistic_model(50_000, 5, seed=5, scales=[1.0, 0.5, 2.0, 1.0, 1.0])
+    nuts = numpyro_nuts(build, draws=1000, tune=500, **SAMPLE)
     with build():
         ours = pm.sample(draws=1200, tune=30, step=pmsg.IASG(batch_size=500), **SAMPLE)
     ref = _flat(nuts, "beta")

@@ -4,13 +4,13 @@ PyMC model's own gradients, and posteriors against NUTS."""
 from __future__ import annotations
 
 import itertools
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pymc as pm
 import pytest
+from conftest import logistic_model, numpyro_nuts
 from test_correctness_tuned import SAMPLE, _check_gaussian, _ess, _flat
 
 import pymc_sgmcmc as pmsg
@@ -160,25 +160,6 @@ def test_logistic_regression_against_nuts(cls, logistic_nuts):
 
 @pytest.fixture(scope="module")
 def logistic_nuts():
-    rng = np.random.default_rng(8)
-    n, d = 20_000, 4
-    X = rng.normal(size=(n, d)) * [1.0, 0.5, 2.0, 1.0]
-    true = rng.normal(size=d) * 0.5
-    y = rng.random(n) < 1 / (1 + np.exp(-(X @ true)))
-
-    def build():
-        with pm.Model() as model:
-            beta = pm.Normal("beta", 0, 1, shape=d)
-            pm.Bernoulli("y", logit_p=pm.Data("X", X) @ beta, observed=y)
-        return model
-
-    saved = os.environ.get("XLA_FLAGS")  # pymc.sampling.jax rewrites it
-    try:
-        with build():
-            nuts = pm.sample(draws=1000, tune=500, nuts_sampler="numpyro", **SAMPLE)
-    finally:
-        if saved is None:
-            os.environ.pop("XLA_FLAGS", None)
-        else:
-            os.environ["XLA_FLAGS"] = saved
+    build = logistic_model(20_000, 4, seed=8, scales=[1.0, 0.5, 2.0, 1.0])
+    nuts = numpyro_nuts(build, draws=1000, tune=500, **SAMPLE)
     return build, _flat(nuts, "beta")
