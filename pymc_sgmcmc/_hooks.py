@@ -10,11 +10,12 @@ PyMC's ``pm.sample`` writes ``sampling_time``, ``tuning_steps`` etc. into the ``
     adds, when there were any, to ``posterior.attrs`` and ``sample_stats.attrs``:
 
     - ``sgmcmc_samplers``: the class names, e.g. ``"IASG"``;
-    - ``sgmcmc_settings``: a JSON list, one entry per SG step, with its settings and, when the
-      chains ran in this process, ``"chains"`` — the tuned values of each chain (step size or
-      preconditioner, window, ...). With ``cores > 1`` the chains are tuned inside worker
-      processes, which do not send their step objects back; the per-draw ``step_size`` stat
-      then carries the tuned rate.
+    - ``sgmcmc_settings``: a JSON list, one entry per SG step, with its settings and
+      ``"chains"`` — the tuned values of each chain (step size or preconditioner, window, ...).
+      With ``cores > 1`` the chains are tuned inside worker processes, which do not send their
+      step objects back, so each step also emits its tuned settings as the ``sgmcmc_tuned``
+      stat (a JSON string on the chain's first draw after tuning, else empty); it is read
+      here and dropped from ``sample_stats`` / ``warmup_sample_stats``.
 
 The wrappers change nothing else and return PyMC's own results.
 """
@@ -48,20 +49,41 @@ def _ours(steps: Any) -> list:
     return out
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, np.ndarray | np.generic):
-        return value.tolist()
-    return str(value)
+def _tuned_from_stats(idata: Any) -> list[dict] | None:
+    """Each chain's tuned settings from the ``sgmcmc_tuned`` stat (JSON on the chain's first
+    draw after tuning), which is then dropped from the stats groups."""
+    per_chain: list[dict] | None = None
+    for group in ("warmup_sample_stats", "sample_stats"):
+        if group not in idata.groups() or "sgmcmc_tuned" not in idata[group]:
+            continue
+        values = np.asarray(idata[group]["sgmcmc_tuned"].values)
+        values = values.reshape(values.shape[0], -1)  # (chain, draw[, 1]) → (chain, draw)
+        if per_chain is None:
+            per_chain = [{} for _ in range(values.shape[0])]
+        for chain, row in enumerate(values):
+            found = [str(v) for v in row if isinstance(v, str) and v]
+            if found:
+                per_chain[chain] = json.loads(found[-1])
+        idata[group] = idata[group].drop_vars("sgmcmc_tuned")
+    return per_chain if per_chain and all(per_chain) else None
 
 
-def sgmcmc_attrs(steps: list) -> dict[str, str]:
-    """The attrs entries for the SG ``steps`` of one ``pm.sample`` call (JSON-encoded)."""
+def sgmcmc_attrs(steps: list, tuned_chains: list[dict] | None = None) -> dict[str, str]:
+    """The attrs entries for the SG ``steps`` of one ``pm.sample`` call (JSON-encoded).
+
+    ``tuned_chains`` (from the stats, one dict per chain) is used for a single SG step;
+    otherwise the records the step objects kept while sampling in this process."""
+    from pymc_sgmcmc.step_methods import _jsonable
+
     entries = []
     for step in steps:
         entry = step.settings()
-        chains = [c for c in step.chain_settings if c]
-        entry = {**entry, "chains": chains} if chains else entry
-        entry["tuned_in"] = "this process" if chains else "worker processes (see sample_stats)"
+        chains = tuned_chains if tuned_chains and len(steps) == 1 else None
+        if chains is None:
+            chains = [c for c in step.chain_settings if c]
+        if chains:
+            entry = {**entry, "chains": chains}
+        entry["tuned_in"] = "sampled chains" if chains else "not recorded (see sample_stats)"
         entries.append(entry)
         step.chain_settings = []
     return {
@@ -93,7 +115,7 @@ def install() -> None:
         _STEPS.set(None)
         result = return_original(*args, **kwargs)
         if steps and hasattr(result, "groups"):
-            attrs = sgmcmc_attrs(steps)
+            attrs = sgmcmc_attrs(steps, _tuned_from_stats(result))
             for group in ("posterior", "sample_stats"):
                 if group in result.groups():
                     result[group].attrs.update(attrs)

@@ -11,6 +11,7 @@ PyMC's forked workers never inherit JAX's thread pools (see :mod:`pymc_sgmcmc._m
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import field
@@ -93,6 +94,9 @@ class SGMCMCStep(BlockedStep):
         "minibatch_loss": (np.float64, []),
         "grad_norm": (np.float64, []),
         "diverging": (bool, []),
+        # JSON of the tuned settings on a chain's first draw after tuning, else "" (moved
+        # from sample_stats into the attrs by pm.sample; see pymc_sgmcmc._hooks).
+        "sgmcmc_tuned": (object, None),
     }
     _state_class = SGMCMCStepState
 
@@ -400,9 +404,14 @@ class SGMCMCStep(BlockedStep):
                 "larger batch_size."
             )
         self.chain_state = (key, state)
+        stats["sgmcmc_tuned"] = ""
         if self.tune or first or not self.chain_settings[-1].get("tuned", False):
             # Tuned values change until the first draw after tuning; keep the latest.
             self.chain_settings[-1] = {**self.settings(), "tuned": not self.tune}
+            if not self.tune:
+                # Final: also sent with the draw's stats, so that chains sampled in worker
+                # processes report it (pymc_sgmcmc._hooks moves it into the attrs).
+                stats["sgmcmc_tuned"] = json.dumps(self.chain_settings[-1], default=_jsonable)
         stats.update(self._extra_stats(state))
         stats["tune"] = bool(self.tune)
         stats["data_passes"] = self._data_passes(int(state.iteration))
@@ -678,6 +687,13 @@ class _PreconditionedSGD(SGMCMCStep):
 
 
 ATTRS_MAX_ENTRIES = 4096  # larger tuned preconditioners are summarised in the attrs
+
+
+def _jsonable(value: Any) -> Any:
+    """``json.dumps`` fallback: arrays and NumPy scalars as lists / numbers, else ``str``."""
+    if isinstance(value, np.ndarray | np.generic):
+        return value.tolist()
+    return str(value)
 
 
 def _preconditioner_summary(precond: Any) -> dict[str, Any]:

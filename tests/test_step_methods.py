@@ -67,7 +67,8 @@ def test_inference_data_groups_and_stats(model, step_cls):
         assert idata[group].attrs["sgmcmc_samplers"] == step_cls.__name__
     (settings,) = json.loads(idata.posterior.attrs["sgmcmc_settings"])
     assert settings["sampler"] == step_cls.__name__ and settings["batch_size"] == 100
-    assert len(settings["chains"]) == 2 and settings["tuned_in"] == "this process"
+    assert len(settings["chains"]) == 2 and settings["tuned_in"] == "sampled chains"
+    assert "sgmcmc_tuned" not in idata.sample_stats  # moved into the attrs
     if step_cls is pmsg.SGLD:
         tuned = [c["step_size"] for c in settings["chains"]]
         np.testing.assert_allclose(tuned, stats["step_size"].values[:, -1])
@@ -122,8 +123,14 @@ def test_multiprocess_after_jax_started_in_this_process(model):
             step=pmsg.SGLD(batch_size=100), random_seed=5, **{**SAMPLE, "cores": 2, "chains": 2}
         )
     assert idata.posterior["beta"].shape == (2, 30, 3)
+    # tuned inside the worker processes: the values come back through the stats
     (settings,) = json.loads(idata.posterior.attrs["sgmcmc_settings"])
-    assert settings["sampler"] == "SGLD" and "chains" not in settings
+    assert settings["sampler"] == "SGLD" and len(settings["chains"]) == 2
+    np.testing.assert_allclose(
+        [c["step_size"] for c in settings["chains"]],
+        idata.sample_stats["step_size"].values[:, -1],
+    )
+    assert "sgmcmc_tuned" not in idata.sample_stats
 
 
 def test_multiprocess_in_a_fresh_process_uses_fork_and_lazy_jax():
