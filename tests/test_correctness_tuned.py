@@ -54,6 +54,11 @@ def _check_gaussian(draws, mean, cov, ess, correlations=True):
         pytest.param(
             lambda: pmsg.ConstantSGD(batch_size=100, preconditioner="full"), id="constant_sgd_full"
         ),
+        pytest.param(
+            # Mandt §4.3: with damping μ the KL-optimal rate is μ P*, same stationary law
+            lambda: pmsg.ConstantSGD(batch_size=100, preconditioner="full", momentum=0.5),
+            id="constant_sgd_full_momentum",
+        ),
         pytest.param(lambda: pmsg.IASG(batch_size=100), id="iasg"),
     ],
 )
