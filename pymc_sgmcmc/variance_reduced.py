@@ -86,6 +86,8 @@ class SAGALD(_VarianceReducedLD):
     """
 
     name = "sagald"
+    # Unrolled, XLA copies the (N, D) table every iteration again (86 vs 19 µs at N = 20 000).
+    _unroll_scan = False
 
     def _make_init(self, fns, kernel_init):
         import jax
@@ -106,7 +108,7 @@ class SAGALD(_VarianceReducedLD):
 
             table = jnp.zeros((n, position.shape[0]), dtype=position.dtype)
             table, _ = jax.lax.scan(fill, table, starts)
-            return saga.init(position, table)
+            return saga.init(position, table, batch_size=b)
 
         return init
 
@@ -120,7 +122,7 @@ class SAGALD(_VarianceReducedLD):
         per_example = fns["per_example_grads"]
         temperature = self.temperature
 
-        def iteration(normal, state, batch, row_ids, fixed, params):
+        def iteration(normal, state, batch, row_ids, next_row_ids, fixed, params):
             state, info = saga.step(
                 None,
                 state,
@@ -131,10 +133,16 @@ class SAGALD(_VarianceReducedLD):
                 self._step_size(params, state.iteration),
                 temperature=temperature,
                 normal=normal,
+                next_rows=next_row_ids,
             )
             return state, info, jnp.zeros_like(state.position)
 
         return iteration
+
+    def _start_draw(self, state, first_row_ids):
+        from pymc_sgmcmc.kernels import saga
+
+        return saga.prefetch(state, first_row_ids)
 
     def _data_passes(self, iteration: int) -> float:
         return 1.0 + float(iteration * self.batch_size / self.problem.data_size)
@@ -189,7 +197,7 @@ class SVRGLD(_VarianceReducedLD):
         starts, masks = full_data_chunks(n, b)
         temperature, anchor_every = self.temperature, self.anchor_every
 
-        def iteration(normal, state, batch, row_ids, fixed, params):
+        def iteration(normal, state, batch, row_ids, next_row_ids, fixed, params):
             def batch_grad(th):
                 return jax.grad(lambda t: jnp.sum(loglik_rows(t, fixed, batch)))(th)
 

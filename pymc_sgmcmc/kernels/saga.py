@@ -37,7 +37,7 @@ import jax.numpy as jnp
 
 from pymc_sgmcmc.kernels.preconditioning import standard_normal
 
-__all__ = ["SAGAInfo", "SAGAState", "estimator", "init", "step"]
+__all__ = ["SAGAInfo", "SAGAState", "estimator", "init", "prefetch", "step"]
 
 
 class SAGAState(NamedTuple):
@@ -45,6 +45,7 @@ class SAGAState(NamedTuple):
     table: jax.Array  # (N, D) stored per-datum log-likelihood gradients
     table_sum: jax.Array  # (D,) their sum
     iteration: jax.Array
+    prefetched: jax.Array  # (B, D) the table rows of the next step's minibatch (see step)
 
 
 class SAGAInfo(NamedTuple):
@@ -52,11 +53,18 @@ class SAGAInfo(NamedTuple):
     grad_norm: jax.Array
 
 
-def init(position: jax.Array, table: jax.Array) -> SAGAState:
-    """Start at ``position`` with a filled ``(N, D)`` table (e.g. the gradients at ``position``)."""
+def init(position: jax.Array, table: jax.Array, batch_size: int = 0) -> SAGAState:
+    """Start at ``position`` with a filled ``(N, D)`` table (e.g. the gradients at ``position``);
+    ``batch_size`` sizes the ``prefetched`` buffer (used only with ``next_rows``)."""
     position = jnp.asarray(position)
     table = jnp.asarray(table, dtype=position.dtype)
-    return SAGAState(position, table, table.sum(axis=0), jnp.zeros((), dtype=jnp.int32))
+    prefetched = jnp.zeros((batch_size, table.shape[1]), dtype=table.dtype)
+    return SAGAState(position, table, table.sum(axis=0), jnp.zeros((), dtype=jnp.int32), prefetched)
+
+
+def prefetch(state: SAGAState, rows: jax.Array) -> SAGAState:
+    """Load the table rows of the coming minibatch into ``state.prefetched``."""
+    return state._replace(prefetched=state.table[rows])
 
 
 def estimator(
@@ -65,11 +73,14 @@ def estimator(
     row_grads: jax.Array,
     rows: jax.Array,
     data_size: int,
+    stored: jax.Array | None = None,
 ) -> jax.Array:
     """The SAGA estimate of the log-posterior gradient from the minibatch's ``(B, D)`` per-row
-    gradients ``row_grads`` at the current position and their table ``rows``."""
+    gradients ``row_grads`` at the current position and their table ``rows`` (whose stored
+    values are ``stored`` if already gathered)."""
     batch_size = row_grads.shape[0]
-    correction = jnp.sum(row_grads - state.table[rows], axis=0)
+    stored = state.table[rows] if stored is None else stored
+    correction = jnp.sum(row_grads - stored, axis=0)
     return prior_grad + (data_size / batch_size) * correction + state.table_sum
 
 
@@ -91,6 +102,7 @@ def step(
     step_size: jax.Array | float,
     temperature: float = 1.0,
     normal: jax.Array | None = None,
+    next_rows: jax.Array | None = None,
 ) -> tuple[SAGAState, SAGAInfo]:
     """One SAGA-LD step.
 
@@ -112,6 +124,12 @@ def step(
         ``h`` and ``T``: ``θ' = θ + (h/2) ĝ + N(0, h T I)``.
     normal
         Pre-drawn standard normal shaped like the position.
+    next_rows
+        The next step's rows, when known (a driver that pre-draws a scan's minibatches). The
+        step then reads this step's stored rows from ``state.prefetched`` (load the first with
+        :func:`prefetch`) and gathers the next ones *after* writing the table. Gathering the
+        old rows before the write made XLA copy the whole ``(N, D)`` table every iteration
+        inside ``lax.scan`` (17x slower at N = 20 000, D = 10, B = 10).
 
     Examples
     --------
@@ -125,13 +143,17 @@ def step(
     """
     position = state.position
     row_grads = row_grads_fn(position)
-    grad = estimator(state, prior_grad_fn(position), row_grads, rows, data_size)
+    old = state.table[rows] if next_rows is None else state.prefetched
+    grad = estimator(state, prior_grad_fn(position), row_grads, rows, data_size, stored=old)
     noise = standard_normal(rng_key, position, normal)
     new_position = position + 0.5 * step_size * grad + jnp.sqrt(step_size * temperature) * noise
     # Store the rows' gradients at the position they were computed at (θ, not θ'), once each.
     first = _first_occurrence(rows)
-    old = state.table[rows]
     table = state.table.at[jnp.where(first, rows, data_size)].set(row_grads, mode="drop")
     delta = jnp.sum(jnp.where(first[:, None], row_grads - old, 0.0), axis=0)
+    prefetched = state.prefetched if next_rows is None else table[next_rows]
     info = SAGAInfo(jnp.asarray(step_size), jnp.linalg.norm(grad))
-    return SAGAState(new_position, table, state.table_sum + delta, state.iteration + 1), info
+    new_state = SAGAState(
+        new_position, table, state.table_sum + delta, state.iteration + 1, prefetched
+    )
+    return new_state, info
