@@ -105,7 +105,6 @@ import multiprocessing as mp
 import os
 import platform
 import shlex
-import subprocess
 import sys
 import time
 import warnings
@@ -116,6 +115,8 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+from _report import append_section, git_state  # noqa: E402  (benchmarks/ is on sys.path)
+
 HEADING = "## Mandt et al. Fig. 4: IASG vs SGLD vs NUTS (issue 3)"
 NOISE_ROWS = 1024  # rows per gradient-noise estimate (pymc_sgmcmc.step_methods._compile)
 
@@ -431,39 +432,6 @@ def plot(results: list[RunResult], problem: Problem, path: Path, title: str) -> 
 # ---------------------------------------------------------------------------------------
 
 
-def _git_state() -> str:
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "pymc_sgmcmc"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except OSError:
-        return "?"
-    return f"{head}{' + uncommitted changes in pymc_sgmcmc/' if dirty else ''}"
-
-
-def append_section(path: Path, section: str) -> None:
-    """Append ``section`` at the end of the :data:`HEADING` section (created at the end of the
-    file if missing); everything else in the file is left as it is."""
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    if HEADING not in text:
-        text = (
-            text.rstrip("\n")
-            + f"\n\n{HEADING}\n\nSee the docstring of `benchmarks/mandt_fig4.py` for the setup "
-            "and what each column means.\n"
-        )
-    start = text.index(HEADING) + len(HEADING)
-    nxt = text.find("\n## ", start)
-    end = len(text) if nxt < 0 else nxt + 1
-    text = text[:end].rstrip("\n") + "\n\n" + section + ("\n" + text[end:] if nxt >= 0 else "")
-    path.write_text(text)
-
-
 # ---------------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------------
@@ -606,11 +574,16 @@ def main(argv: list[str] | None = None) -> list[RunResult]:
             f"{exact.min():.4g}, max {exact.max():.4g}\n"
             f"- machine: {platform.platform()}, {os.cpu_count()} CPUs, load average at start "
             f"{load0[0]:.2f}; python {platform.python_version()}, jax {jax.__version__}, "
-            f"pymc {pm.__version__}, pymc_sgmcmc {pmsg.__version__} (git {_git_state()})\n"
+            f"pymc {pm.__version__}, pymc_sgmcmc {pmsg.__version__} (git {git_state()})\n"
             f"- figure: [`{fig_rel}`]({fig_rel})\n\n"
             f"{table}\n"
         )
-        append_section(Path(args.out), section)
+        append_section(
+            Path(args.out),
+            section,
+            HEADING,
+            "See the docstring of `benchmarks/mandt_fig4.py` for the setup and what each column means.",
+        )
         print(f"appended to {args.out}")
     return done
 

@@ -78,7 +78,6 @@ import math
 import os
 import platform
 import shlex
-import subprocess
 import sys
 import time
 import warnings
@@ -94,6 +93,7 @@ jax.config.update("jax_enable_x64", True)  # float64 data, as PyMC's default flo
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pymc as pm  # noqa: E402
+from _report import append_section, git_state  # noqa: E402  (benchmarks/ is on sys.path)
 
 import pymc_sgmcmc as pmsg  # noqa: E402
 
@@ -461,22 +461,6 @@ def _cpu_model() -> str:
     return platform.processor() or "?"
 
 
-def _git_state() -> str:
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "pymc_sgmcmc"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except OSError:
-        return "?"
-    return f"{head}{' + uncommitted changes in pymc_sgmcmc/' if dirty else ''}"
-
-
 def system_busy_seconds() -> float:
     """CPU-seconds spent busy by the whole machine since boot (``/proc/stat``; NaN elsewhere)."""
     try:
@@ -518,7 +502,7 @@ def machine_info() -> dict[str, str]:
         "jax devices": ", ".join(str(d) for d in jax.devices()),
         "pymc / pytensor": f"{pm.__version__} / {_package_version('pytensor')}",
         "numpy": np.__version__,
-        "pymc_sgmcmc": f"{pmsg.__version__} (git {_git_state()})",
+        "pymc_sgmcmc": f"{pmsg.__version__} (git {git_state()})",
         "XLA_FLAGS": os.environ.get("XLA_FLAGS", "(unset)"),
         "load average at start (1/5/15 min)": " / ".join(f"{x:.2f}" for x in os.getloadavg()),
     }
@@ -618,21 +602,6 @@ def render_section(r: Results, command: str, info: dict[str, str], elapsed: floa
         f"{machine}\n\n"
         f"{render_table(r)}\n"
     )
-
-
-def append_section(path: Path, section: str) -> None:
-    """Add ``section`` at the end of the :data:`HEADING` section of ``path`` (created if needed)."""
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    if HEADING not in text:
-        text = (
-            text.rstrip("\n")
-            + f"\n\n{HEADING}\n\nSee `benchmarks/throughput.py` for what each row measures.\n"
-        )
-    start = text.index(HEADING) + len(HEADING)
-    nxt = text.find("\n## ", start)
-    end = len(text) if nxt < 0 else nxt + 1
-    text = text[:end].rstrip("\n") + "\n\n" + section + ("\n" + text[end:] if nxt >= 0 else "")
-    path.write_text(text)
 
 
 # ---------------------------------------------------------------------------------------
@@ -757,7 +726,12 @@ def main(argv: Sequence[str] | None = None) -> Results:
     section = render_section(r, command, info, elapsed)
     print(section)
     if args.out != "-":
-        append_section(Path(args.out), section)
+        append_section(
+            Path(args.out),
+            section,
+            HEADING,
+            "See `benchmarks/throughput.py` for what each row measures.",
+        )
         log(f"appended to {args.out}")
     return r
 

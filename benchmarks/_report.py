@@ -1,0 +1,41 @@
+"""Shared reporting for the benchmark scripts: the package's git state and appending a run's
+section to ``benchmarks/RESULTS.md`` under the script's own heading."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+__all__ = ["REPO", "append_section", "git_state"]
+
+
+def git_state() -> str:
+    """Short HEAD hash, flagged when ``pymc_sgmcmc/`` has uncommitted changes."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "pymc_sgmcmc"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "?"
+    return f"{head}{' + uncommitted changes in pymc_sgmcmc/' if dirty else ''}"
+
+
+def append_section(path: Path, section: str, heading: str, intro: str) -> None:
+    """Append ``section`` at the end of the ``heading`` section of ``path`` (created at the end
+    of the file, with ``intro`` under it, if missing); the rest of the file is left as it is."""
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    if heading not in text:
+        text = text.rstrip("\n") + f"\n\n{heading}\n\n{intro}\n"
+    start = text.index(heading) + len(heading)
+    nxt = text.find("\n## ", start)
+    end = len(text) if nxt < 0 else nxt + 1
+    text = text[:end].rstrip("\n") + "\n\n" + section + ("\n" + text[end:] if nxt >= 0 else "")
+    path.write_text(text)
