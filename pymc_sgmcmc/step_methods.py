@@ -503,7 +503,6 @@ class _PreconditionedSGD(SGMCMCStep):
         self.search_draws = int(search_draws)
         self._noise = NoiseEstimate()
         self._curvature = NoiseEstimate()
-        self._hyper_curvature: np.ndarray | None = None
         self._tune_calls = 0
         self._in_search = False
         self._last_noise: tuple[np.ndarray, np.ndarray] | None = None
@@ -617,7 +616,6 @@ class _PreconditionedSGD(SGMCMCStep):
     def _reset_tuning(self) -> None:
         self._noise.reset()
         self._curvature.reset()
-        self._hyper_curvature = None
         self._tune_calls = 0
         self._in_search = False
         self._last_noise = None
@@ -644,7 +642,7 @@ class _PreconditionedSGD(SGMCMCStep):
             # With hyperparameters moving, the prior's curvature changes from draw to draw: an
             # average over past draws lags behind and under-injects noise, which would shrink
             # the samples and push a precision hyperparameter further up.
-            averaged = self._hyper_curvature = np.array(curvature, dtype=np.float64)
+            averaged = np.array(curvature, dtype=np.float64)
         self.precond_value, self.inject_value = self._tuned(
             self._sampling_preconditioner,
             self._noise.update(noise),

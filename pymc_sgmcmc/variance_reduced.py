@@ -36,7 +36,7 @@ class _VarianceReducedLD(SGLD):
     """
 
     def __init__(self, vars: Any = None, *, step_size: Any = "auto", **kwargs: Any) -> None:
-        if kwargs.get("preconditioner") not in (None,):
+        if kwargs.get("preconditioner") is not None:
             raise ValueError(
                 f"{type(self).__name__} takes no preconditioner, got {kwargs['preconditioner']!r}."
             )

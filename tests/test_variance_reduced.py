@@ -108,29 +108,36 @@ def test_saga_and_svrg_estimators_are_unbiased_over_all_minibatches(small_logist
 
 
 def test_svrg_refreshes_its_anchor_with_the_full_gradient():
-    calls = []
-
     def full(th):
-        calls.append(1)
         return 10.0 * th
 
-    state = svrg.init(jnp.array([1.0]))
-    new, _ = svrg.step(
-        None,
-        state,
-        lambda th: 0 * th,
-        lambda th: th,
-        full,
-        5,
-        1,
-        0.1,
-        anchor_every=3,
-        normal=jnp.zeros(1),
-    )
-    np.testing.assert_allclose(new.anchor, [1.0])
-    np.testing.assert_allclose(new.anchor_grad, [10.0])
+    def step(state):
+        return svrg.step(
+            None,
+            state,
+            lambda th: 0 * th,  # flat prior
+            lambda th: th,  # minibatch row-gradient sum
+            full,
+            5,
+            1,
+            0.1,
+            anchor_every=3,
+            normal=jnp.zeros(1),
+        )[0]
+
+    first = step(svrg.init(jnp.array([1.0])))
+    np.testing.assert_allclose(first.anchor, [1.0])
+    np.testing.assert_allclose(first.anchor_grad, [10.0])
     # at θ = anchor the control variate cancels: ĝ = prior + full = 0 + 10
-    np.testing.assert_allclose(new.position, [1.0 + 0.05 * 10.0])
+    np.testing.assert_allclose(first.position, [1.0 + 0.05 * 10.0])
+    # the next step keeps the anchor: ĝ = (N/B)(θ − θ̃) + g̃ = 5·0.5 + 10
+    second = step(first)
+    np.testing.assert_allclose(second.anchor, [1.0])
+    np.testing.assert_allclose(second.position, [1.5 + 0.05 * 12.5])
+    # iteration 3 is the next multiple of anchor_every: a new anchor at the current position
+    fourth = step(step(second))
+    np.testing.assert_allclose(fourth.anchor, step(second).position)
+    np.testing.assert_allclose(fourth.anchor_grad, 10.0 * step(second).position)
 
 
 def test_bad_arguments_are_refused(small_logistic):

@@ -56,8 +56,6 @@ def step(
     step_size: jax.Array | float,
     preconditioner: jax.Array | None = None,
     momentum: jax.Array | float | None = None,
-    hyper_mask: jax.Array | None = None,
-    hyper_rate: jax.Array | float = 0.0,
     injected_noise_scale: jax.Array | None = None,
     normal: jax.Array | None = None,
 ) -> tuple[SGDState, SGDInfo]:
@@ -78,11 +76,6 @@ def step(
         ``None`` (identity), a ``(D,)`` diagonal or a ``(D, D)`` matrix.
     momentum
         Damping ``μ ∈ (0, 1]``; ``None`` is plain SGD (``μ = 1``).
-    hyper_mask, hyper_rate
-        Variational EM (Mandt et al. 2017, §4.2): coordinates where ``hyper_mask`` is 1 are
-        hyperparameters, moved by gradient *ascent* ``λ ← λ + hyper_rate ⊙ g`` (the rate may
-        be a ``(D,)`` vector, e.g. a Robbins–Monro factor over a curvature), not sampled;
-        ``P`` must be zero on them.
     injected_noise_scale
         Extra gradient noise ``e ~ N(0, E)`` added to ``ĝ``: a ``(D,)`` vector of sds
         (diagonal ``E``) or a ``(D, D)`` square root ``L`` with ``L Lᵀ = E``
@@ -105,11 +98,10 @@ def step(
         z = standard_normal(rng_key, grad, normal)
         drive = grad + apply_preconditioner(injected_noise_scale, z)
     update = step_size * apply_preconditioner(preconditioner, drive)
-    hyper_update = 0.0 if hyper_mask is None else hyper_mask * hyper_rate * grad
     if momentum is None:
         velocity = update
     else:
         velocity = (1.0 - momentum) * state.velocity + update
-    position = state.position + velocity + hyper_update
+    position = state.position + velocity
     info = SGDInfo(jnp.asarray(step_size), jnp.linalg.norm(grad))
     return SGDState(position, velocity, state.iteration + 1), info
