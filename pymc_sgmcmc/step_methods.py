@@ -194,19 +194,14 @@ class SGMCMCStep(BlockedStep):
         """``iteration(normal, state, batch, row_ids, next_row_ids, fixed, params) ->
         (state, info, grad)``: one inner iteration given its minibatch (``row_ids`` are the
         rows' indices in the laid-out data, modulo ``N``; ``next_row_ids`` those of the next
-        iteration); ``grad`` is the gradient estimate used (its per-draw mean drives
-        variational EM). Default: the plain minibatch gradient into the kernel."""
+        iteration); ``grad`` is the log-density gradient estimate used (its per-draw mean
+        drives variational EM). Default: the plain minibatch gradient into the kernel."""
         import jax
 
         grad_logdensity = jax.grad(fns["logdensity"])
 
         def iteration(normal, state, batch, row_ids, next_row_ids, fixed, params):
             grad = grad_logdensity(state.position, fixed, batch)
-            if "hyper_mask" in params:
-                # Point-estimated coordinates ascend the density without the transform's
-                # Jacobian (see ConstantSGD's hyper_vars).
-                jac = jax.grad(fns["log_jacobian"])(state.position, fixed)
-                grad = grad - params["hyper_mask"] * jac
             # The kernel evaluates its gradient once, at state.position: hand it over.
             state, info = kernel_step(normal, state, lambda _: grad, params)
             return state, info, grad
@@ -306,7 +301,12 @@ class SGMCMCStep(BlockedStep):
                 # Variational EM: one Robbins–Monro step per draw with the draw's mean
                 # gradient; the hyperparameters stay fixed within the draw, so the sampled
                 # coordinates see the prior their step size and noise were tuned for.
-                position = state.position + params["hyper_step"] * grad_sum / thin
+                # Point-estimated coordinates ascend the density without their transform's
+                # Jacobian (see ConstantSGD's hyper_vars). Its gradient along a hyper variable
+                # depends on that variable only, which is fixed within the draw: once here.
+                jac = jax.grad(fns["log_jacobian"])(state.position, fixed)
+                ascent = grad_sum / thin - params["hyper_mask"] * jac
+                position = state.position + params["hyper_step"] * ascent
                 state = state._replace(position=position)
             # The log-density value only once per draw: at the final position, on the last
             # minibatch (evaluating it every iteration cost up to 85% more than the gradient).
