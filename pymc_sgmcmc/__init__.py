@@ -18,6 +18,7 @@ from pymc_sgmcmc._hooks import install as _install_hooks
 from pymc_sgmcmc._multiprocessing import install as _install_mp
 from pymc_sgmcmc.bridge import MinibatchProblem, build_problem
 from pymc_sgmcmc.errors import DataShapeError, DivergenceError, ModelNotSupportedError
+from pymc_sgmcmc.recording import DrawWriter, read_draws
 from pymc_sgmcmc.sgfs import SGFS
 from pymc_sgmcmc.step_methods import IASG, SGLD, ConstantSGD, SGMCMCStep
 from pymc_sgmcmc.variance_reduced import SAGALD, SVRGLD
@@ -33,10 +34,12 @@ __all__ = [
     "ConstantSGD",
     "DataShapeError",
     "DivergenceError",
+    "DrawWriter",
     "MinibatchProblem",
     "ModelNotSupportedError",
     "SGMCMCStep",
     "build_problem",
+    "read_draws",
     "schedules",
 ]
 

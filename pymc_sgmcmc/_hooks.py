@@ -17,6 +17,13 @@ PyMC's ``pm.sample`` writes ``sampling_time``, ``tuning_steps`` etc. into the ``
       stat (a JSON string on the chain's first draw after tuning, else empty); it is read
       here and dropped from ``sample_stats`` / ``warmup_sample_stats``.
 
+``_sample`` and ``_mp_sample``
+    stop a chain whose step raised :class:`~pymc_sgmcmc.errors.DivergenceError` after
+    tuning as PyMC stops chains on ``KeyboardInterrupt`` — the draws so far are kept, and the
+    other chains of a sequential run go on (a parallel run stops them all, as any worker
+    error does) — and remember it. ``_sample_return`` then raises the error with the
+    InferenceData of the draws before the divergence as its ``idata`` attribute.
+
 The wrappers change nothing else and return PyMC's own results.
 """
 
@@ -29,9 +36,15 @@ from typing import Any
 
 import numpy as np
 
+from pymc_sgmcmc.errors import DivergenceError
+
 __all__ = ["install", "sgmcmc_attrs"]
 
 _STEPS: contextvars.ContextVar[list | None] = contextvars.ContextVar("pmsg_steps", default=None)
+# (chain, message) of the chains a DivergenceError stopped in the current pm.sample call.
+_DIVERGED: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "pmsg_diverged", default=None
+)
 _INSTALLED = False
 
 
@@ -101,6 +114,44 @@ def install() -> None:
 
     assign_original = mcmc.assign_step_methods
     return_original = mcmc._sample_return
+    sample_original = mcmc._sample
+    mp_sample_original = mcmc._mp_sample
+
+    def stopped(error: BaseException) -> DivergenceError | None:
+        for err in (error, error.__cause__):
+            if isinstance(err, DivergenceError) and err.stopped_chain:
+                return err
+        return None
+
+    def record(chain: Any, error: DivergenceError) -> None:
+        diverged = _DIVERGED.get()
+        if diverged is None:
+            diverged = []
+            _DIVERGED.set(diverged)
+        diverged.append((chain, error))
+
+    @functools.wraps(sample_original)
+    def _sample(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return sample_original(*args, **kwargs)
+        except DivergenceError as error:
+            if stopped(error) is None:
+                raise
+            record(kwargs.get("chain"), error)  # the trace was closed by _iter_sample
+            return None
+
+    @functools.wraps(mp_sample_original)
+    def _mp_sample(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return mp_sample_original(*args, **kwargs)
+        except Exception as error:
+            found = stopped(error)
+            if found is None:
+                raise
+            record(getattr(error, "_chain", None), found)
+            for trace in kwargs.get("traces", ()):
+                trace.close()
+            return None
 
     @functools.wraps(assign_original)
     def assign_step_methods(*args: Any, **kwargs: Any) -> Any:
@@ -113,14 +164,27 @@ def install() -> None:
     def _sample_return(*args: Any, **kwargs: Any) -> Any:
         steps = _STEPS.get()
         _STEPS.set(None)
+        diverged = _DIVERGED.get()
+        _DIVERGED.set(None)
         result = return_original(*args, **kwargs)
         if steps and hasattr(result, "groups"):
             attrs = sgmcmc_attrs(steps, _tuned_from_stats(result))
             for group in ("posterior", "sample_stats"):
                 if group in result.groups():
                     result[group].attrs.update(attrs)
+        if diverged:
+            lines = [f"chain {chain}: {error}" for chain, error in diverged]
+            raise DivergenceError(
+                f"{len(diverged)} chain(s) diverged after tuning and were stopped; the draws "
+                "sampled before are in this error's `idata` attribute (chains cut to a common "
+                "length as after an interrupt).\n" + "\n".join(lines),
+                idata=result,
+                chains=[(chain, error.draw) for chain, error in diverged],
+            )
         return result
 
     mcmc.assign_step_methods = assign_step_methods
     mcmc._sample_return = _sample_return
+    mcmc._sample = _sample
+    mcmc._mp_sample = _mp_sample
     _INSTALLED = True

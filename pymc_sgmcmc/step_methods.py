@@ -52,6 +52,16 @@ __all__ = ["IASG", "SGLD", "ConstantSGD", "SGMCMCStep"]
 DEFAULT_BATCH_SIZE = 256
 EXACT_DIAG_MAX_DIM = 64
 UNROLL_MAX_WORK = 20_000  # batch_size x dimension below which the draw's scan is unrolled
+DIVERGENCE_RETRIES = 6  # tuning draws redone at a halved step before giving up
+DIVERGENCE_SHRINK = 0.5
+# A draw whose final minibatch loss exceeds the previous draw's by more than
+# max(LOSS_JUMP_ABS, LOSS_JUMP_REL * |previous|) is diverging too: an unstable step grows the
+# position geometrically and is caught here within a few iterations, long before it
+# overflows — in time for a retry at a smaller step from a state still near the posterior.
+# (The jump is ~10¹⁰ squared posterior sds; the minibatch loss of a stationary chain moves
+# by about N/√B per-row sds.)
+LOSS_JUMP_ABS = 1e10
+LOSS_JUMP_REL = 1e4
 
 
 @dataclass_state
@@ -154,6 +164,12 @@ class SGMCMCStep(BlockedStep):
         self.chain_settings: list[dict[str, Any]] = []  # chains run in this process
         self._last_fixed: tuple = ()
         self._compiled: dict[str, Any] | None = None
+        # Divergence handling (see step): the step-size factor left by retried tuning draws,
+        # and, once a sampling draw diverged, the message that stops the chain.
+        self._shrink = 1.0
+        self._stopped: str | None = None
+        self._draw_index = 0
+        self._ref_loss = float("nan")  # the last draw's minibatch loss (divergence check)
 
     @classmethod
     def _valid_kwargs(cls) -> set[str]:
@@ -180,6 +196,9 @@ class SGMCMCStep(BlockedStep):
         # worker process): the kernel state starts afresh from that chain's initial point.
         super().set_rng(rng)
         self.chain_state = None
+        self._shrink = 1.0
+        self._stopped = None
+        self._draw_index = 0
         self._reset_tuning()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -234,7 +253,12 @@ class SGMCMCStep(BlockedStep):
         """Forget tuned quantities at the start of a chain."""
 
     def _tune_draw(self, position: Any, fixed: tuple, key: Any) -> None:
-        """Called after each tuning draw with the chain's position (JAX array)."""
+        """Called before each tuning draw with the chain's position (JAX array)."""
+
+    def _retune(self) -> None:
+        """Recompute the tuned step after ``self._shrink`` changed (a diverged tuning draw is
+        retried at a smaller step). Samplers whose ``_params`` apply the factor directly
+        need nothing here."""
 
     def settings(self) -> dict[str, Any]:
         """The sampler's settings and tuned values, JSON-ready; ``pm.sample`` stores them in
@@ -248,6 +272,7 @@ class SGMCMCStep(BlockedStep):
             "data_size": self.problem.data_size,
             "minibatched_observed": list(self.problem.minibatched_observed),
             "dtype": self.problem.dtype,
+            "divergence_step_factor": self._shrink,
         }
 
     # -- compilation ----------------------------------------------------------------------------
@@ -312,16 +337,19 @@ class SGMCMCStep(BlockedStep):
             # minibatch (evaluating it every iteration cost up to 85% more than the gradient).
             last_batch = take_minibatch(indices[-1], data, n, b, scheme)
             loss = -logdensity(state.position, fixed, last_batch)
-            finite = (
-                jnp.all(jnp.isfinite(state.position))
-                & jnp.isfinite(loss)
-                & jnp.all(jnp.isfinite(infos.grad_norm))
-            )
+            # Divergence: a non-finite gradient at some inner iteration (a non-finite
+            # position shows up in the next iteration's gradient), the final position or loss.
+            grad_ok = jnp.isfinite(infos.grad_norm)
+            finite = jnp.all(jnp.isfinite(state.position)) & jnp.isfinite(loss) & jnp.all(grad_ok)
+            ref = params["ref_loss"]
+            limit = jnp.maximum(LOSS_JUMP_ABS, LOSS_JUMP_REL * jnp.abs(ref))
+            exploded = jnp.isfinite(ref) & (loss - ref > limit)
             stats = {
                 "step_size": infos.step_size[-1],
                 "minibatch_loss": loss,
                 "grad_norm": jnp.mean(infos.grad_norm),
-                "diverging": ~finite,
+                "diverging": ~finite | exploded,
+                "first_nonfinite": jnp.where(jnp.all(grad_ok), thin, jnp.argmin(grad_ok)),
             }
             return key, state, position_sum / thin, stats
 
@@ -362,8 +390,12 @@ class SGMCMCStep(BlockedStep):
             _, norms = jax.lax.scan(power, v0 / jnp.linalg.norm(v0), None, length=20)
             return norms[-1]
 
+        def initial_loss(key, position, fixed, data):
+            return -logdensity(position, fixed, draw_minibatch(key, data, n, b, scheme))
+
         self._compiled = {
             "draw": jax.jit(draw),
+            "initial_loss": jax.jit(initial_loss),
             "init": jax.jit(self._make_init(fns, kernel_init)),
             "noise": jax.jit(noise, static_argnames="full"),
             "spectral_radius": jax.jit(spectral_radius),
@@ -374,6 +406,10 @@ class SGMCMCStep(BlockedStep):
 
     # -- one draw --------------------------------------------------------------------------------
     def step(self, point: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[dict]]:
+        if self._stopped is not None:
+            # The previous draw diverged while sampling: the chain ends here (pm.sample keeps
+            # the draws so far; see pymc_sgmcmc._hooks).
+            raise DivergenceError(self._stopped, draw=self._draw_index - 1, stopped_chain=True)
         compiled = self._compile()
         jax = compiled["jax"]
         fixed = self.problem.fixed_values(point)
@@ -393,6 +429,11 @@ class SGMCMCStep(BlockedStep):
             seed = int(self.rng.integers(2**31))
             init_state = compiled["init"](position, compiled["data"], fixed)
             self.chain_state = (jax.random.PRNGKey(seed), init_state)
+            self._ref_loss = float(
+                compiled["initial_loss"](
+                    jax.random.PRNGKey(seed + 1), init_state.position, fixed, compiled["data"]
+                )
+            )
             self.chain_settings.append({})  # this chain's tuned values, for the attrs
             first = True
         else:
@@ -405,20 +446,66 @@ class SGMCMCStep(BlockedStep):
             # values can be unstable. Automatic step sizes need one estimate before the first
             # draw, tuning or not.
             self._tune_draw(state.position, fixed, key)
-        params = self._params(int(state.iteration))
-        key, state, mean_position, stats = compiled["draw"](
-            key, state, compiled["data"], fixed, params
-        )
-        stats = {k: np.asarray(v).item() for k, v in stats.items()}
-        if stats["diverging"]:
-            raise DivergenceError(
-                f"{type(self).__name__} diverged: the position, minibatch loss or gradient "
-                f"became non-finite within {self.thin} iterations at step_size="
-                f"{stats['step_size']:.3g}. Reduce step_size (or leave it to automatic "
-                "tuning), check the model for variables without a proper prior, or use a "
-                "larger batch_size."
+        draw_index = self._draw_index
+        self._draw_index += 1
+        for attempt in range(DIVERGENCE_RETRIES + 1):
+            params = self._params(int(state.iteration))
+            params["ref_loss"] = np.asarray(self._ref_loss, dtype=self.problem.dtype)
+            new_key, new_state, mean_position, stats = compiled["draw"](
+                key, state, compiled["data"], fixed, params
             )
+            stats = {k: np.asarray(v).item() for k, v in stats.items()}
+            if not stats["diverging"] or not self.tune or attempt == DIVERGENCE_RETRIES:
+                break
+            # A tuning draw diverged (typically far from the mode, before the noise estimate
+            # settles): redo it from the same state and randomness at a smaller step.
+            self._shrink *= DIVERGENCE_SHRINK
+            self._retune()
+        first_bad = int(stats.pop("first_nonfinite"))
+        if stats["diverging"]:
+            where = (
+                f"at inner iteration {first_bad + 1} of {self.thin}"
+                if first_bad < self.thin
+                else f"within {self.thin} inner iterations"
+            )
+            if first_bad < self.thin or not np.isfinite(stats["minibatch_loss"]):
+                how = f"became non-finite {where}"
+            else:
+                how = (
+                    f"exploded (the minibatch loss jumped from {self._ref_loss:.3g} to "
+                    f"{stats['minibatch_loss']:.3g} within {self.thin} inner iterations)"
+                )
+            what = (
+                f"{type(self).__name__} diverged in draw {draw_index} "
+                f"({'tuning' if self.tune else 'after tuning'}): the position, minibatch loss or "
+                f"gradient {how} at step_size={stats['step_size']:.3g}"
+            )
+            fix = (
+                "Reduce step_size (or leave it to step_size='auto' with more tuning draws), "
+                "check the model for variables without a proper prior or data with extreme "
+                "values, or use a larger batch_size."
+            )
+            if self.tune:
+                raise DivergenceError(
+                    f"{what}, and again after {DIVERGENCE_RETRIES} retries at step sizes "
+                    f"halved down to {self._shrink:.3g}x. {fix}",
+                    draw=draw_index,
+                )
+            # While sampling: keep the chain's last finite state, flag this draw (its values
+            # repeat the previous draw's) and stop the chain at the next call.
+            self._stopped = (
+                f"{what}; the chain was stopped. Its earlier draws are kept and this draw is "
+                f"flagged diverging=True in sample_stats (it repeats the last finite draw). {fix}"
+            )
+            stats["diverging"] = True
+            stats["sgmcmc_tuned"] = ""
+            stats.update(self._extra_stats(state))
+            stats["tune"] = False
+            stats["data_passes"] = self._data_passes(int(state.iteration))
+            return dict(point), [stats]
+        key, state = new_key, new_state
         self.chain_state = (key, state)
+        self._ref_loss = stats["minibatch_loss"]
         stats["sgmcmc_tuned"] = ""
         if self.tune or first or not self.chain_settings[-1].get("tuned", False):
             # Tuned values change until the first draw after tuning; keep the latest.
@@ -597,7 +684,10 @@ class _PreconditionedSGD(SGMCMCStep):
         else:
             precond = np.zeros(dim)
             precond[idx] = p_sub
-        scale = self._stability_scale(precond, position, fixed, key)
+        self._last_tuned_args = (rule, noise, curvature, position, fixed, key, sampling)
+        # A diverged tuning draw halves _shrink (see SGMCMCStep.step): it scales P like the
+        # stability cap, so constant SGD makes it up with injected noise in the same way.
+        scale = self._stability_scale(precond, position, fixed, key) * self._shrink
         precond = precond * scale
         extra = np.diag(lift) if full else lift.copy()
         if self._compensate_cap and self.preconditioner != "scalar":
@@ -619,6 +709,11 @@ class _PreconditionedSGD(SGMCMCStep):
         self._tune_calls = 0
         self._in_search = False
         self._last_noise = None
+        self._last_tuned_args = None
+
+    def _retune(self) -> None:
+        if getattr(self, "_last_tuned_args", None) is not None:
+            self.precond_value, self.inject_value = self._tuned(*self._last_tuned_args)
 
     def _tune_draw(self, position, fixed, key) -> None:
         full = self.preconditioner == "full"
@@ -664,6 +759,8 @@ class _PreconditionedSGD(SGMCMCStep):
 
     def _params(self, iteration: int) -> dict[str, Any]:
         precond = np.asarray(self.precond_value, dtype=self.problem.dtype)
+        if not getattr(self, "auto_step_size", True):
+            precond = precond * self._shrink  # a fixed rate, halved by diverged tuning draws
         params = {
             "precond": precond,
             "step_size": _scale_of(precond),
@@ -1107,7 +1204,9 @@ class SGLD(SGMCMCStep):
         schedule = self.schedule
 
         def step(normal, state, grad_fn, params):
-            eps = params["step_size"] if schedule is None else schedule(state.iteration)
+            eps = params["step_size"]
+            if schedule is not None:
+                eps = params["shrink"] * schedule(state.iteration)
             return sgld.step(
                 None, state, grad_fn, eps, temperature=temperature, rmsprop=rmsprop, normal=normal
             )
@@ -1167,7 +1266,11 @@ class SGLD(SGMCMCStep):
             self._tune_draw(self.chain_state[1].position, self._last_fixed, self.chain_state[0])
 
     def _params(self, iteration: int) -> dict[str, Any]:
-        return {"step_size": np.asarray(self.step_size_value, dtype=self.problem.dtype)}
+        dtype = self.problem.dtype
+        return {
+            "step_size": np.asarray(self.step_size_value * self._shrink, dtype=dtype),
+            "shrink": np.asarray(self._shrink, dtype=dtype),
+        }
 
     def settings(self) -> dict[str, Any]:
         return {

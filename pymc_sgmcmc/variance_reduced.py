@@ -47,7 +47,9 @@ class _VarianceReducedLD(SGLD):
         return float(4.0 * self.target_bias / max(float(a.max()), 1e-300))
 
     def _step_size(self, params: dict[str, Any], iteration: Any) -> Any:
-        return params["step_size"] if self.schedule is None else self.schedule(iteration)
+        if self.schedule is None:
+            return params["step_size"]
+        return params["shrink"] * self.schedule(iteration)
 
     def _prior_grad(self, fns: dict[str, Callable]) -> Callable:
         import jax

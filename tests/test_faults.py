@@ -1,0 +1,278 @@
+"""Numerical faults, reproducibility and interruption: loud failures, kept draws, equal seeds.
+
+The faults are injected into the real compiled loop: a subclass of SGLD whose minibatch
+gradient becomes infinite from a given inner iteration on (the rest of the machinery —
+PyMC's pm.sample, the JAX scan, ArviZ — is the real thing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import arviz as az
+import numpy as np
+import pymc as pm
+import pytest
+
+import pymc_sgmcmc as pmsg
+
+N, B = 400, 40  # thin = N / B = 10 inner iterations per draw
+SAMPLE = dict(chains=1, cores=1, progressbar=False, compute_convergence_checks=False)
+
+
+class FaultySGLD(pmsg.SGLD):
+    """SGLD whose gradient is +inf at every inner iteration ``>= fault_at`` (counted over the
+    chain, tuning included), and fine before."""
+
+    def __init__(self, vars=None, *, fault_at: int, fault_until: int | None = None, **kwargs):
+        super().__init__(vars, **kwargs)
+        self.fault_at = int(fault_at)
+        self.fault_until = fault_until
+
+    def _make_iteration(self, fns, kernel_step, data):
+        import jax
+        import jax.numpy as jnp
+
+        grad_logdensity = jax.grad(fns["logdensity"])
+        start = self.fault_at
+        stop = self.fault_until if self.fault_until is not None else 2**31 - 1
+
+        def iteration(normal, state, batch, row_ids, next_row_ids, fixed, params):
+            grad = grad_logdensity(state.position, fixed, batch)
+            broken = (state.iteration >= start) & (state.iteration < stop)
+            grad = jnp.where(broken, jnp.inf, grad)
+            state, info = kernel_step(normal, state, lambda _: grad, params)
+            return state, info, grad
+
+        return iteration
+
+
+def regression_model(seed: int = 0) -> pm.Model:
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(N, 2))
+    y = X @ np.array([1.0, -0.5]) + rng.normal(size=N)
+    with pm.Model() as model:
+        beta = pm.Normal("beta", 0, 1, shape=2)
+        pm.Normal("y", pm.Data("X", X) @ beta, 1.0, observed=y)
+    return model
+
+
+def test_divergence_after_tuning_stops_the_chain_and_keeps_the_draws_before():
+    tune, fault_draw = 20, 35  # the gradient breaks in the 16th draw after tuning
+    with regression_model():
+        step = FaultySGLD(batch_size=B, fault_at=fault_draw * (N // B) + 3)
+        with pytest.raises(pmsg.DivergenceError) as info:
+            pm.sample(step=step, draws=100, tune=tune, random_seed=1, **{**SAMPLE, "chains": 2})
+    error = info.value
+    message = str(error)
+    assert "2 chain(s) diverged after tuning" in message
+    assert f"diverged in draw {fault_draw} (after tuning)" in message
+    assert "at inner iteration 4 of 10" in message
+    assert "Reduce step_size" in message
+    assert error.chains == [(0, fault_draw), (1, fault_draw)]
+    idata = error.idata
+    assert isinstance(idata, az.InferenceData)
+    # the 15 good draws after tuning and the flagged one, for both chains
+    draws = fault_draw - tune + 1
+    assert idata.posterior["beta"].shape == (2, draws, 2)
+    assert np.all(np.isfinite(idata.posterior["beta"].values))
+    diverging = idata.sample_stats["diverging"].values
+    assert not diverging[:, :-1].any() and diverging[:, -1].all()
+    # the flagged draw repeats the last finite one: nothing new is claimed from it
+    np.testing.assert_array_equal(
+        idata.posterior["beta"].values[:, -1], idata.posterior["beta"].values[:, -2]
+    )
+    # the draws before the divergence are those of an unbroken run with the same seed
+    with regression_model():
+        ok = pm.sample(
+            step=pmsg.SGLD(batch_size=B),
+            draws=draws - 1,
+            tune=tune,
+            random_seed=1,
+            **{**SAMPLE, "chains": 2},
+        )
+    np.testing.assert_array_equal(
+        idata.posterior["beta"].values[:, :-1], ok.posterior["beta"].values
+    )
+
+
+def test_divergence_in_a_worker_process_is_reported_with_the_draws_so_far():
+    with regression_model():
+        step = FaultySGLD(batch_size=B, fault_at=30 * (N // B))
+        with pytest.raises(pmsg.DivergenceError) as info:
+            pm.sample(
+                step=step, draws=60, tune=10, random_seed=2, **{**SAMPLE, "chains": 2, "cores": 2}
+            )
+    error = info.value
+    assert "diverged in draw 30 (after tuning)" in str(error)
+    assert error.idata is not None
+    posterior = error.idata.posterior["beta"].values
+    assert 1 <= posterior.shape[1] <= 21 and np.all(np.isfinite(posterior))
+
+
+def test_a_tuning_draw_that_diverges_is_redone_at_a_smaller_step():
+    # Broken for one draw's worth of iterations during tuning: the retries (same state and
+    # randomness, halved step) hit the same broken iterations, so the retries run out.
+    with regression_model():
+        step = FaultySGLD(batch_size=B, fault_at=5 * (N // B))
+        with pytest.raises(pmsg.DivergenceError, match=r"draw 5 \(tuning\).*again after 6 retries"):
+            pm.sample(step=step, draws=10, tune=20, random_seed=3, **SAMPLE)
+
+
+def test_too_large_a_fixed_step_is_reduced_during_tuning():
+    # ConstantSGD at P = 0.05 on this model's curvature (about N = 400 per unit) is unstable:
+    # 0.05 * 400 = 20 > 2. Tuning halves it until the draws are finite (0.05 / 16 · 400 =
+    # 1.25 < 2) and keeps that factor, which the attrs report.
+    with regression_model():
+        idata = pm.sample(
+            step=pmsg.ConstantSGD(step_size=0.05, batch_size=B),
+            draws=20,
+            tune=10,
+            random_seed=4,
+            **SAMPLE,
+        )
+    assert np.all(np.isfinite(idata.posterior["beta"].values))
+    assert not idata.sample_stats["diverging"].values.any()
+    (settings,) = json.loads(idata.posterior.attrs["sgmcmc_settings"])
+    factor = settings["chains"][0]["divergence_step_factor"]
+    assert factor <= 1 / 16 and factor >= 1 / 64
+
+
+def test_a_step_that_diverges_without_tuning_is_an_error_not_nan_draws():
+    with regression_model():
+        with pytest.raises(pmsg.DivergenceError) as info:
+            pm.sample(
+                step=pmsg.ConstantSGD(step_size=10.0, batch_size=B),
+                draws=10,
+                tune=0,
+                random_seed=1,
+                **SAMPLE,
+            )
+    assert "diverged in draw 0 (after tuning)" in str(info.value)
+    assert info.value.idata.posterior["beta"].shape == (1, 1, 2)  # the flagged first draw
+    assert np.all(np.isfinite(info.value.idata.posterior["beta"].values))
+
+
+# --- reproducibility ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("step_cls", [pmsg.SGLD, pmsg.IASG, pmsg.SAGALD])
+def test_equal_seeds_give_bitwise_equal_draws_in_one_and_two_processes(step_cls):
+    def run(seed, cores):
+        with regression_model():
+            return pm.sample(
+                step=step_cls(batch_size=B),
+                draws=15,
+                tune=10,
+                random_seed=seed,
+                **{**SAMPLE, "chains": 2, "cores": cores},
+            )
+
+    a, b, c, d = run(7, 1), run(7, 1), run(7, 2), run(8, 1)
+    for group in ("posterior", "sample_stats"):
+        for name in ("beta",) if group == "posterior" else ("step_size", "minibatch_loss"):
+            np.testing.assert_array_equal(a[group][name].values, b[group][name].values)
+            np.testing.assert_array_equal(a[group][name].values, c[group][name].values)
+    assert not np.any(a.posterior["beta"].values == d.posterior["beta"].values)
+
+
+# --- interruption and writing as we go ------------------------------------------------------
+
+_INTERRUPT_SCRIPT = textwrap.dedent(
+    """
+    import sys, numpy as np, pymc as pm, pymc_sgmcmc as pmsg
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(4000, 2)); y = X @ [1.0, -0.5] + rng.normal(size=4000)
+
+    def callback(trace, draw):
+        if draw.draw_idx == 30:
+            print("RUNNING", flush=True)
+
+    with pm.Model():
+        b = pm.Normal("b", 0, 1, shape=2)
+        pm.Normal("y", pm.Data("X", X) @ b, 1.0, observed=y)
+        idata = pm.sample(step=pmsg.SGLD(batch_size=20), draws=10**6, tune=10, chains=1,
+                          cores=1, random_seed=1, progressbar=False, callback=callback,
+                          compute_convergence_checks=False)
+    values = idata.posterior["b"].values
+    assert np.all(np.isfinite(values))
+    print("DRAWS", values.shape[1], flush=True)
+    """
+)
+
+
+def test_sigint_during_pm_sample_returns_the_draws_so_far():
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _INTERRUPT_SCRIPT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert line.strip() == "RUNNING", proc.stderr.read()[-3000:]
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    draws = int(out.split("DRAWS")[1].split()[0])
+    assert 20 <= draws < 10**6
+
+
+_WRITER_SCRIPT = textwrap.dedent(
+    """
+    import sys, numpy as np, pymc as pm, pymc_sgmcmc as pmsg
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(4000, 2)); y = X @ [1.0, -0.5] + rng.normal(size=4000)
+    with pm.Model():
+        b = pm.Normal("b", 0, 1, shape=2)
+        s = pm.HalfNormal("s", 2.0)
+        pm.Normal("y", pm.Data("X", X) @ b, s, observed=y)
+        writer = pmsg.DrawWriter(sys.argv[1], flush_every=10)
+
+        def callback(trace, draw):
+            writer(trace, draw)
+            if draw.draw_idx == 250 and draw.chain == 1:
+                print("RUNNING", flush=True)
+
+        pm.sample(step=pmsg.SGLD(batch_size=20), draws=10**6, tune=10, chains=2, cores=2,
+                  random_seed=1, progressbar=False, callback=callback,
+                  compute_convergence_checks=False)
+    """
+)
+
+
+def test_draws_written_as_they_come_survive_a_killed_process(tmp_path):
+    store = tmp_path / "run.draws"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRITER_SCRIPT, str(store)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert line.strip() == "RUNNING", proc.stderr.read()[-3000:]
+        os.killpg(proc.pid, signal.SIGKILL)  # the sampler and its workers, no clean-up
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    idata = pmsg.read_draws(store)
+    beta = idata.posterior["b"].values
+    # chain 1 had made 251 draws (10 tuning); flushed every 10: at least 240 written
+    assert beta.shape[0] == 2 and beta.shape[1] >= 230
+    assert np.all(np.isfinite(beta)) and np.all(idata.posterior["s"].values > 0)
+    np.testing.assert_allclose(beta.mean(axis=(0, 1)), [1.0, -0.5], atol=0.1)
+    np.testing.assert_array_equal(idata.posterior["draw"].values[:3], [10, 11, 12])
+    assert "diverging" in idata.sample_stats and "step_size" in idata.sample_stats
+    tuning = pmsg.read_draws(store, include_tune=True)
+    assert tuning.posterior["draw"].values[0] == 0
