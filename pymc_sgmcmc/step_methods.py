@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import field
 from typing import Any, ClassVar
 
@@ -24,7 +24,7 @@ from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator
 
 from pymc_sgmcmc.bridge import MinibatchProblem, build_problem
-from pymc_sgmcmc.errors import DivergenceError
+from pymc_sgmcmc.errors import DataShapeError, DivergenceError, ModelNotSupportedError
 from pymc_sgmcmc.kernels.preconditioning import apply_preconditioner
 from pymc_sgmcmc.minibatch import (
     MinibatchScheme,
@@ -91,6 +91,10 @@ class SGMCMCStep(BlockedStep):
         (uniform indices with replacement). See :mod:`pymc_sgmcmc.minibatch`.
     minibatch_data
         Override which data containers / observed variables are minibatched.
+    data
+        The full row-aligned arrays, by container name, when the model holds only their
+        first rows: NumPy arrays, or memory-maps / zarr / dask / h5py arrays, which are then
+        read from disk in blocks, never whole (see :mod:`pymc_sgmcmc.out_of_core`).
     model
         Default: the model on the context stack.
     """
@@ -98,6 +102,7 @@ class SGMCMCStep(BlockedStep):
     name: ClassVar[str] = "sgmcmc"
     default_blocked = True
     _unroll_scan: ClassVar[bool] = True  # SAGA-LD: unrolling made XLA copy its table
+    _streams: ClassVar[bool] = True  # can read out-of-core data= chunk by chunk
     stats_dtypes_shapes: ClassVar[dict[str, tuple[Any, Any]]] = {
         "tune": (bool, []),
         "step_size": (np.float64, []),
@@ -120,6 +125,7 @@ class SGMCMCStep(BlockedStep):
         thin: int | None = None,
         minibatch: MinibatchScheme = "blocks",
         minibatch_data: Sequence[Any] | None = None,
+        data: Mapping[str, Any] | None = None,
         model: pm.Model | None = None,
         rng: Any = None,
         blocked: bool = True,
@@ -141,8 +147,29 @@ class SGMCMCStep(BlockedStep):
         if batch_size is not None and batch_size <= 0:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size}.")
         self.problem: MinibatchProblem = build_problem(
-            model, vars, minibatch_data=minibatch_data, batch_size=batch_size
+            model,
+            vars,
+            minibatch_data=minibatch_data,
+            batch_size=batch_size if data is None else None,
         )
+        self.streaming = False
+        if data is not None:
+            from pymc_sgmcmc.out_of_core import is_in_memory, with_data
+
+            self.problem = with_data(self.problem, data)
+            n = self.problem.data_size
+            if batch_size is not None and batch_size > n:
+                raise DataShapeError(
+                    f"batch_size={batch_size} must be between 1 and the number of data rows "
+                    f"N={n} of the arrays given as data=. Choose batch_size <= {n}."
+                )
+            self.streaming = not all(is_in_memory(a) for a in self.problem.data)
+            if self.streaming and not self._streams:
+                raise ModelNotSupportedError(
+                    f"{type(self).__name__} keeps per-row state or takes full-data gradients, so "
+                    "it cannot read its data from disk in blocks; use SGLD, ConstantSGD, IASG or "
+                    "SGFS with out-of-core data=, or load the arrays into memory."
+                )
         n = self.problem.data_size
         self.batch_size = int(batch_size) if batch_size is not None else min(DEFAULT_BATCH_SIZE, n)
         if thin is None:
@@ -285,7 +312,11 @@ class SGMCMCStep(BlockedStep):
         problem = self.problem
         fns = problem.jax_functions()
         n, b, thin, scheme = problem.data_size, self.batch_size, self.thin, self.minibatch
-        data = tuple(jnp.asarray(a) for a in layout_data(problem.data, b, scheme))
+        streaming = self.streaming
+        if streaming:
+            data = None  # read chunk by chunk on the host (pymc_sgmcmc.out_of_core)
+        else:
+            data = tuple(jnp.asarray(a) for a in layout_data(problem.data, b, scheme))
         kernel_init, kernel_step = self._kernel()
 
         # Small iterations are dominated by the loop's own overhead on CPU; unrolling the scan
@@ -294,6 +325,38 @@ class SGMCMCStep(BlockedStep):
         unroll = 4 if self._unroll_scan and thin >= 4 and small else 1
         logdensity = fns["logdensity"]
         iteration = self._make_iteration(fns, kernel_step, data)
+
+        def finish(state, position_sum, grad_sum, last_batch, grad_norms, step_size, fixed, params):
+            """The end of a draw: variational EM's step, the loss, divergence and stats."""
+            if "hyper_step" in params:
+                # Variational EM: one Robbins–Monro step per draw with the draw's mean
+                # gradient; the hyperparameters stay fixed within the draw, so the sampled
+                # coordinates see the prior their step size and noise were tuned for.
+                # Point-estimated coordinates ascend the density without their transform's
+                # Jacobian (see ConstantSGD's hyper_vars). Its gradient along a hyper variable
+                # depends on that variable only, which is fixed within the draw: once here.
+                jac = jax.grad(fns["log_jacobian"])(state.position, fixed)
+                ascent = grad_sum / thin - params["hyper_mask"] * jac
+                position = state.position + params["hyper_step"] * ascent
+                state = state._replace(position=position)
+            # The log-density value only once per draw: at the final position, on the last
+            # minibatch (evaluating it every iteration cost up to 85% more than the gradient).
+            loss = -logdensity(state.position, fixed, last_batch)
+            # Divergence: a non-finite gradient at some inner iteration (a non-finite
+            # position shows up in the next iteration's gradient), the final position or loss.
+            grad_ok = jnp.isfinite(grad_norms)
+            finite = jnp.all(jnp.isfinite(state.position)) & jnp.isfinite(loss) & jnp.all(grad_ok)
+            ref = params["ref_loss"]
+            limit = jnp.maximum(LOSS_JUMP_ABS, LOSS_JUMP_REL * jnp.abs(ref))
+            exploded = jnp.isfinite(ref) & (loss - ref > limit)
+            stats = {
+                "step_size": step_size,
+                "minibatch_loss": loss,
+                "grad_norm": jnp.mean(grad_norms),
+                "diverging": ~finite | exploded,
+                "first_nonfinite": jnp.where(jnp.all(grad_ok), thin, jnp.argmin(grad_ok)),
+            }
+            return state, position_sum / thin, stats
 
         def draw(key, state, data, fixed, params):
             # All of a draw's randomness in two vectorised calls before the scan: per-iteration
@@ -322,47 +385,58 @@ class SGMCMCStep(BlockedStep):
                 (indices, normals, row_ids, next_row_ids),
                 unroll=unroll,
             )
-            if "hyper_step" in params:
-                # Variational EM: one Robbins–Monro step per draw with the draw's mean
-                # gradient; the hyperparameters stay fixed within the draw, so the sampled
-                # coordinates see the prior their step size and noise were tuned for.
-                # Point-estimated coordinates ascend the density without their transform's
-                # Jacobian (see ConstantSGD's hyper_vars). Its gradient along a hyper variable
-                # depends on that variable only, which is fixed within the draw: once here.
-                jac = jax.grad(fns["log_jacobian"])(state.position, fixed)
-                ascent = grad_sum / thin - params["hyper_mask"] * jac
-                position = state.position + params["hyper_step"] * ascent
-                state = state._replace(position=position)
-            # The log-density value only once per draw: at the final position, on the last
-            # minibatch (evaluating it every iteration cost up to 85% more than the gradient).
             last_batch = take_minibatch(indices[-1], data, n, b, scheme)
-            loss = -logdensity(state.position, fixed, last_batch)
-            # Divergence: a non-finite gradient at some inner iteration (a non-finite
-            # position shows up in the next iteration's gradient), the final position or loss.
-            grad_ok = jnp.isfinite(infos.grad_norm)
-            finite = jnp.all(jnp.isfinite(state.position)) & jnp.isfinite(loss) & jnp.all(grad_ok)
-            ref = params["ref_loss"]
-            limit = jnp.maximum(LOSS_JUMP_ABS, LOSS_JUMP_REL * jnp.abs(ref))
-            exploded = jnp.isfinite(ref) & (loss - ref > limit)
-            stats = {
-                "step_size": infos.step_size[-1],
-                "minibatch_loss": loss,
-                "grad_norm": jnp.mean(infos.grad_norm),
-                "diverging": ~finite | exploded,
-                "first_nonfinite": jnp.where(jnp.all(grad_ok), thin, jnp.argmin(grad_ok)),
-            }
-            return key, state, position_sum / thin, stats
+            state, mean_position, stats = finish(
+                state,
+                position_sum,
+                grad_sum,
+                last_batch,
+                infos.grad_norm,
+                infos.step_size[-1],
+                fixed,
+                params,
+            )
+            return key, state, mean_position, stats
+
+        def draw_chunk(key, state, sums, batches, fixed, params):
+            # A streamed draw's iterations over one chunk of host-read minibatches
+            # (``batches``: arrays of shape (iterations, B, ...)).
+            iters = batches[0].shape[0]
+            position = state.position
+            normals = jax.random.normal(key, (iters, *position.shape), dtype=position.dtype)
+            ids = jnp.zeros(b, dtype=jnp.int32)  # row ids: only SAGA-LD uses them
+
+            def body(carry, xs):
+                state, position_sum, grad_sum = carry
+                batch, normal = xs
+                state, info, grad = iteration(normal, state, batch, ids, ids, fixed, params)
+                return (state, position_sum + state.position, grad_sum + grad), (
+                    info.step_size,
+                    info.grad_norm,
+                )
+
+            (state, position_sum, grad_sum), (steps, norms) = jax.lax.scan(
+                body, (state, *sums), (batches, normals), unroll=unroll
+            )
+            return state, (position_sum, grad_sum), steps[-1], norms
 
         noise_rows = min(n, max(b, 1024))
+        self._noise_rows = noise_rows
+
+        def tuning_rows(key_rows, data):
+            # In memory: uniform rows with replacement (the first N rows of either layout are
+            # the data). Streamed: ``data`` is already such a block, read on the host.
+            if streaming:
+                return data
+            return draw_minibatch(key_rows, data, n, noise_rows, "random")
 
         def noise(key, position, fixed, data, full):
-            # Uniform rows with replacement (the first N rows of either layout are the data);
-            # per-example gradients by vmap; unbiased sample (co)variance. Also the diagonal
+            # Per-example gradients by vmap; unbiased sample (co)variance. Also the diagonal
             # Hessian of the potential on the same rows: exact (one Hessian-vector product
             # per unit vector) up to 64 dimensions, else Hutchinson's estimator
             # diag(H) ≈ mean_z z ⊙ Hz over 16 Rademacher probes.
             key_rows, key_probe = jax.random.split(key)
-            batch = draw_minibatch(key_rows, data, n, noise_rows, "random")
+            batch = tuning_rows(key_rows, data)
             c = gradient_noise(fns["per_example_grads"](position, fixed, batch), full=full)
             grad_u = jax.grad(lambda th: -fns["logdensity"](th, fixed, batch))
             dim = position.shape[0]
@@ -378,7 +452,7 @@ class SGMCMCStep(BlockedStep):
             # Largest |eigenvalue| of P·H (H the potential's Hessian on a block of rows) by 20
             # power iterations of Hessian-vector products. SGD is stable iff it is < 2.
             key_rows, key_v = jax.random.split(key)
-            batch = draw_minibatch(key_rows, data, n, noise_rows, "random")
+            batch = tuning_rows(key_rows, data)
             grad_u = jax.grad(lambda th: -fns["logdensity"](th, fixed, batch))
 
             def power(v, _):
@@ -391,10 +465,12 @@ class SGMCMCStep(BlockedStep):
             return norms[-1]
 
         def initial_loss(key, position, fixed, data):
-            return -logdensity(position, fixed, draw_minibatch(key, data, n, b, scheme))
+            return -logdensity(position, fixed, tuning_rows(key, data))
 
         self._compiled = {
             "draw": jax.jit(draw),
+            "draw_chunk": jax.jit(draw_chunk),
+            "finish": jax.jit(finish),
             "initial_loss": jax.jit(initial_loss),
             "init": jax.jit(self._make_init(fns, kernel_init)),
             "noise": jax.jit(noise, static_argnames="full"),
@@ -402,7 +478,66 @@ class SGMCMCStep(BlockedStep):
             "data": data,
             "jax": jax,
         }
+        if streaming:
+            from pymc_sgmcmc.out_of_core import as_row_source
+
+            self._compiled["sources"] = [as_row_source(a) for a in problem.data]
+            self._compiled["batch_dtypes"] = [v.dtype for v in problem._batch_inputs]
         return self._compiled
+
+    def _tuning_data(self, key: Any) -> Any:
+        """What the tuning functions read: the device data, or (streamed) a block of
+        ``max(B, 1024)`` rows drawn uniformly with replacement and read on the host."""
+        compiled = self._compile()
+        if not self.streaming:
+            return compiled["data"]
+        rng = np.random.default_rng(np.asarray(compiled["jax"].random.key_data(key)).tolist())
+        rows = np.sort(rng.integers(0, self.problem.data_size, self._noise_rows))
+        return self._read_rows(rows, 1)
+
+    def _read_rows(self, starts: np.ndarray, length: int) -> tuple[np.ndarray, ...]:
+        compiled = self._compile()
+        return tuple(
+            np.asarray(source.read(starts, length), dtype=dtype)
+            for source, dtype in zip(compiled["sources"], compiled["batch_dtypes"], strict=True)
+        )
+
+    def _run_draw(self, key: Any, state: Any, fixed: tuple, params: dict, draw_index: int):
+        """One draw: ``(key, state, mean_position, stats)``. In memory one compiled scan;
+        streamed, one compiled scan per chunk of host-read minibatches."""
+        compiled = self._compile()
+        if not self.streaming:
+            return compiled["draw"](key, state, compiled["data"], fixed, params)
+        from pymc_sgmcmc.minibatch import block_rows
+        from pymc_sgmcmc.out_of_core import CHUNK_ROWS
+
+        jax = compiled["jax"]
+        n, b, thin = self.problem.data_size, self.batch_size, self.thin
+        s = block_rows(n, b) if self.minibatch == "blocks" else 1
+        per_batch = b // s
+        chunk = max(1, min(thin, CHUNK_ROWS // b))
+        key, key_draw = jax.random.split(key)
+        # The rows of draw k of this chain, whatever happened before: retried draws see the
+        # same minibatches, like the in-memory path's key.
+        rng = np.random.default_rng([self._host_seed, draw_index])
+        zeros = np.zeros(state.position.shape, dtype=self.problem.dtype)
+        sums = (zeros, zeros)
+        norms, step_size, batches = [], None, None
+        for c, first in enumerate(range(0, thin, chunk)):
+            iters = min(chunk, thin - first)
+            starts = rng.integers(0, n, iters * per_batch)
+            arrays = self._read_rows(starts, s)
+            batches = tuple(a.reshape(iters, b, *a.shape[1:]) for a in arrays)
+            state, sums, step_size, chunk_norms = compiled["draw_chunk"](
+                jax.random.fold_in(key_draw, c), state, sums, batches, fixed, params
+            )
+            norms.append(chunk_norms)
+        last_batch = tuple(a[-1] for a in batches)
+        grad_norms = norms[0] if len(norms) == 1 else jax.numpy.concatenate(norms)
+        state, mean_position, stats = compiled["finish"](
+            state, sums[0], sums[1], last_batch, grad_norms, step_size, fixed, params
+        )
+        return key, state, mean_position, stats
 
     # -- one draw --------------------------------------------------------------------------------
     def step(self, point: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[dict]]:
@@ -429,9 +564,11 @@ class SGMCMCStep(BlockedStep):
             seed = int(self.rng.integers(2**31))
             init_state = compiled["init"](position, compiled["data"], fixed)
             self.chain_state = (jax.random.PRNGKey(seed), init_state)
+            self._host_seed = seed
+            key_loss = jax.random.PRNGKey(seed + 1)
             self._ref_loss = float(
                 compiled["initial_loss"](
-                    jax.random.PRNGKey(seed + 1), init_state.position, fixed, compiled["data"]
+                    key_loss, init_state.position, fixed, self._tuning_data(key_loss)
                 )
             )
             self.chain_settings.append({})  # this chain's tuned values, for the attrs
@@ -451,8 +588,8 @@ class SGMCMCStep(BlockedStep):
         for attempt in range(DIVERGENCE_RETRIES + 1):
             params = self._params(int(state.iteration))
             params["ref_loss"] = np.asarray(self._ref_loss, dtype=self.problem.dtype)
-            new_key, new_state, mean_position, stats = compiled["draw"](
-                key, state, compiled["data"], fixed, params
+            new_key, new_state, mean_position, stats = self._run_draw(
+                key, state, fixed, params, draw_index
             )
             stats = {k: np.asarray(v).item() for k, v in stats.items()}
             if not stats["diverging"] or not self.tune or attempt == DIVERGENCE_RETRIES:
@@ -539,7 +676,8 @@ class SGMCMCStep(BlockedStep):
         compiled = self._compile()
         key = compiled["jax"].random.fold_in(key, 2)
         precond = np.asarray(precond, dtype=self.problem.dtype)
-        radius = float(compiled["spectral_radius"](key, position, fixed, compiled["data"], precond))
+        data = self._tuning_data(key)
+        radius = float(compiled["spectral_radius"](key, position, fixed, data, precond))
         if not np.isfinite(radius):
             return 1.0
         return 1.0 / max(1.0, radius)
@@ -551,7 +689,7 @@ class SGMCMCStep(BlockedStep):
         ``position``, from one block of rows (host arrays)."""
         compiled = self._compile()
         key = compiled["jax"].random.fold_in(key, 1)
-        c, h = compiled["noise"](key, position, fixed, compiled["data"], full=full)
+        c, h = compiled["noise"](key, position, fixed, self._tuning_data(key), full=full)
         return np.asarray(c), np.asarray(h)
 
 
@@ -1229,12 +1367,13 @@ class SGLD(SGMCMCStep):
             # Reach the mode first: the step at a far-away point, sized for a small variance
             # bias there, would be tiny. ε = 1/ρ(H) is half SGLD's stability limit.
             compiled = self._compile()
+            key3 = compiled["jax"].random.fold_in(key, 3)
             radius = float(
                 compiled["spectral_radius"](
-                    compiled["jax"].random.fold_in(key, 3),
+                    key3,
                     position,
                     fixed,
-                    compiled["data"],
+                    self._tuning_data(key3),
                     np.asarray(1.0, dtype=self.problem.dtype),
                 )
             )

@@ -35,6 +35,8 @@ class _VarianceReducedLD(SGLD):
     stiffest coordinate is then about ``1 + δ`` times the posterior's.
     """
 
+    _streams = False  # SAGA's table and SVRG's anchor need the data in memory
+
     def __init__(self, vars: Any = None, *, step_size: Any = "auto", **kwargs: Any) -> None:
         if kwargs.get("preconditioner") is not None:
             raise ValueError(
