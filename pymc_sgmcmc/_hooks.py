@@ -46,6 +46,26 @@ _DIVERGED: contextvars.ContextVar[list | None] = contextvars.ContextVar(
     "pmsg_diverged", default=None
 )
 _INSTALLED = False
+_CHAIN: int | None = None  # the chain this process is sampling (see current_chain)
+
+
+def current_chain() -> int | None:
+    """The index of the chain ``pm.sample`` is sampling in this process, when known: set for
+    sequential chains by the ``_sample`` wrapper and in worker processes by
+    :func:`_run_process_with_chain` (steps with ``devices="chains"`` place chain ``c`` on
+    device ``c mod k``)."""
+    return _CHAIN
+
+
+def _run_process_with_chain(*args: Any) -> None:
+    """PyMC's worker entry point (``pymc.sampling.parallel._run_process``), recording the
+    chain (its 10th argument) first. A module-level function, so that ``spawn`` and
+    ``forkserver`` workers find it by reference."""
+    global _CHAIN
+    from pymc.sampling.parallel import _Process
+
+    _CHAIN = int(args[9]) if len(args) > 9 and isinstance(args[9], int | np.integer) else None
+    _Process(*args).run()
 
 
 def _ours(steps: Any) -> list:
@@ -132,6 +152,8 @@ def install() -> None:
 
     @functools.wraps(sample_original)
     def _sample(*args: Any, **kwargs: Any) -> Any:
+        global _CHAIN
+        _CHAIN = kwargs.get("chain")
         try:
             return sample_original(*args, **kwargs)
         except DivergenceError as error:
@@ -187,4 +209,7 @@ def install() -> None:
     mcmc._sample_return = _sample_return
     mcmc._sample = _sample
     mcmc._mp_sample = _mp_sample
+    import pymc.sampling.parallel as parallel
+
+    parallel._run_process = _run_process_with_chain
     _INSTALLED = True

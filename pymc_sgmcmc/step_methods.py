@@ -35,6 +35,7 @@ from pymc_sgmcmc.minibatch import (
     take_minibatch,
 )
 from pymc_sgmcmc.schedules import Schedule, as_schedule, polynomial_decay
+from pymc_sgmcmc.sharding import resolve_devices, shard_data, sharded_loglik
 from pymc_sgmcmc.tuning import (
     FULL_MAX_DIM,
     NoiseEstimate,
@@ -95,6 +96,15 @@ class SGMCMCStep(BlockedStep):
         The full row-aligned arrays, by container name, when the model holds only their
         first rows: NumPy arrays, or memory-maps / zarr / dask / h5py arrays, which are then
         read from disk in blocks, never whole (see :mod:`pymc_sgmcmc.out_of_core`).
+    devices
+        ``None`` (JAX's default device), ``"all"`` (every device JAX sees — with
+        ``jax.distributed`` every device of every host) or a number ``k`` (the first ``k``):
+        each iteration's minibatch is split across them and the gradient is summed over
+        devices (data-parallel, :mod:`jax.sharding`); each device holds ``1/k`` of the rows.
+        ``batch_size`` must be a multiple of ``k``. See :func:`pymc_sgmcmc.minibatch.
+        layout_shards` for the (unbiased, stratified) estimator. ``"chains"``: each chain
+        runs on one device, chain ``c`` on device ``c mod k`` — with ``pm.sample(cores=k)``
+        the chains of a multi-GPU host run side by side, one per device.
     model
         Default: the model on the context stack.
     """
@@ -126,6 +136,7 @@ class SGMCMCStep(BlockedStep):
         minibatch: MinibatchScheme = "blocks",
         minibatch_data: Sequence[Any] | None = None,
         data: Mapping[str, Any] | None = None,
+        devices: int | str | None = None,
         model: pm.Model | None = None,
         rng: Any = None,
         blocked: bool = True,
@@ -172,6 +183,24 @@ class SGMCMCStep(BlockedStep):
                 )
         n = self.problem.data_size
         self.batch_size = int(batch_size) if batch_size is not None else min(DEFAULT_BATCH_SIZE, n)
+        if devices is not None and devices not in ("all", "chains") and not (
+            isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1
+        ):
+            raise ValueError(
+                f"devices must be None, 'all', 'chains' or a positive number of devices, got "
+                f"{devices!r}."
+            )
+        self.devices = devices
+        if devices not in (None, 1, "chains") and not self._streams:
+            raise ModelNotSupportedError(
+                f"{type(self).__name__} keeps per-row state or takes full-data gradients; it "
+                "runs on one device. Use SGLD, ConstantSGD, IASG or SGFS with devices=."
+            )
+        if devices not in (None, 1, "chains") and self.streaming:
+            raise ModelNotSupportedError(
+                "Out-of-core data= and devices= cannot be combined yet: load the data into "
+                "memory to split minibatches across devices, or use one device."
+            )
         if thin is None:
             thin = math.ceil(n / self.batch_size)
         if int(thin) != thin or thin < 1:
@@ -197,6 +226,7 @@ class SGMCMCStep(BlockedStep):
         self._stopped: str | None = None
         self._draw_index = 0
         self._ref_loss = float("nan")  # the last draw's minibatch loss (divergence check)
+        self._chain_device: Any = None  # devices="chains": where this chain's data are
 
     @classmethod
     def _valid_kwargs(cls) -> set[str]:
@@ -231,6 +261,7 @@ class SGMCMCStep(BlockedStep):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_compiled"] = None
+        state["_chain_device"] = None
         return state
 
     # -- subclass hooks -----------------------------------------------------------------------
@@ -300,7 +331,16 @@ class SGMCMCStep(BlockedStep):
             "minibatched_observed": list(self.problem.minibatched_observed),
             "dtype": self.problem.dtype,
             "divergence_step_factor": self._shrink,
+            "devices": self._device_summary(),
         }
+
+    def _device_summary(self) -> Any:
+        if self._chain_device is not None:
+            return str(self._chain_device)
+        compiled = self._compiled
+        if compiled is None or self.devices in (None, 1):
+            return None
+        return int(len(resolve_devices(self.devices) or [])) or None
 
     # -- compilation ----------------------------------------------------------------------------
     def _compile(self) -> dict[str, Any]:
@@ -313,8 +353,14 @@ class SGMCMCStep(BlockedStep):
         fns = problem.jax_functions()
         n, b, thin, scheme = problem.data_size, self.batch_size, self.thin, self.minibatch
         streaming = self.streaming
+        devices = resolve_devices(self.devices) if self.devices not in (None, 1, "chains") else None
+        sharded = devices is not None and len(devices) > 1
         if streaming:
             data = None  # read chunk by chunk on the host (pymc_sgmcmc.out_of_core)
+        elif sharded:
+            # (rows sharded over the devices, each device's row count): see pymc_sgmcmc.sharding
+            arrays, n_local, shard_sizes, mesh = shard_data(problem.data, b, scheme, devices)
+            data = (arrays, n_local)
         else:
             data = tuple(jnp.asarray(a) for a in layout_data(problem.data, b, scheme))
         kernel_init, kernel_step = self._kernel()
@@ -326,7 +372,7 @@ class SGMCMCStep(BlockedStep):
         logdensity = fns["logdensity"]
         iteration = self._make_iteration(fns, kernel_step, data)
 
-        def finish(state, position_sum, grad_sum, last_batch, grad_norms, step_size, fixed, params):
+        def finish(state, position_sum, grad_sum, loss_fn, grad_norms, step_size, fixed, params):
             """The end of a draw: variational EM's step, the loss, divergence and stats."""
             if "hyper_step" in params:
                 # Variational EM: one Robbins–Monro step per draw with the draw's mean
@@ -341,7 +387,7 @@ class SGMCMCStep(BlockedStep):
                 state = state._replace(position=position)
             # The log-density value only once per draw: at the final position, on the last
             # minibatch (evaluating it every iteration cost up to 85% more than the gradient).
-            loss = -logdensity(state.position, fixed, last_batch)
+            loss = loss_fn(state.position)
             # Divergence: a non-finite gradient at some inner iteration (a non-finite
             # position shows up in the next iteration's gradient), the final position or loss.
             grad_ok = jnp.isfinite(grad_norms)
@@ -390,7 +436,7 @@ class SGMCMCStep(BlockedStep):
                 state,
                 position_sum,
                 grad_sum,
-                last_batch,
+                lambda position: -logdensity(position, fixed, last_batch),
                 infos.grad_norm,
                 infos.step_size[-1],
                 fixed,
@@ -420,14 +466,65 @@ class SGMCMCStep(BlockedStep):
             )
             return state, (position_sum, grad_sum), steps[-1], norms
 
+        if sharded:
+            k = len(devices)
+            local_b = b // k
+            n_min = int(shard_sizes.min())
+            per_device = minibatch_indices(jax.random.PRNGKey(0), n_min, local_b, scheme).shape[-1]
+            shard_loglik = sharded_loglik(fns["loglik_rows"], mesh, n_min, local_b, scheme)
+            prior_grad = jax.grad(fns["logprior"])
+
+            def draw_sharded(key, state, data, fixed, params):
+                # The single-device draw with each iteration's minibatch split over devices.
+                arrays, n_local = data
+                key, key_rows, key_noise = jax.random.split(key, 3)
+                limit = n_local[None, :, None]
+                indices = jax.random.randint(key_rows, (thin, k, per_device), 0, limit)
+                position = state.position
+                normals = jax.random.normal(key_noise, (thin, *position.shape), position.dtype)
+
+                def body(carry, xs):
+                    state, position_sum, grad_sum = carry
+                    rows, normal = xs
+                    _, lik_grad = shard_loglik(state.position, fixed, arrays, n_local, rows)
+                    grad = prior_grad(state.position, fixed) + lik_grad
+                    state, info = kernel_step(normal, state, lambda _: grad, params)
+                    return (state, position_sum + state.position, grad_sum + grad), info
+
+                zeros = jnp.zeros_like(position)
+                (state, position_sum, grad_sum), infos = jax.lax.scan(
+                    body, (state, zeros, zeros), (indices, normals), unroll=unroll
+                )
+
+                def loss_fn(position):
+                    lik, _ = shard_loglik(position, fixed, arrays, n_local, indices[-1])
+                    return -(fns["logprior"](position, fixed) + lik)
+
+                state, mean_position, stats = finish(
+                    state,
+                    position_sum,
+                    grad_sum,
+                    loss_fn,
+                    infos.grad_norm,
+                    infos.step_size[-1],
+                    fixed,
+                    params,
+                )
+                return key, state, mean_position, stats
+
         noise_rows = min(n, max(b, 1024))
         self._noise_rows = noise_rows
 
         def tuning_rows(key_rows, data):
             # In memory: uniform rows with replacement (the first N rows of either layout are
-            # the data). Streamed: ``data`` is already such a block, read on the host.
+            # the data). Streamed: ``data`` is already such a block, read on the host. Sharded:
+            # from the first device's rows (a uniform sample of the shuffled data).
             if streaming:
                 return data
+            if sharded:
+                n0 = int(shard_sizes[0])
+                piece = tuple(a[0, :n0] for a in data[0])
+                return draw_minibatch(key_rows, piece, n0, noise_rows, "random")
             return draw_minibatch(key_rows, data, n, noise_rows, "random")
 
         def noise(key, position, fixed, data, full):
@@ -467,10 +564,19 @@ class SGMCMCStep(BlockedStep):
         def initial_loss(key, position, fixed, data):
             return -logdensity(position, fixed, tuning_rows(key, data))
 
+        def finish_streamed(state, position_sum, grad_sum, last_batch, *rest):
+            return finish(
+                state,
+                position_sum,
+                grad_sum,
+                lambda position: -logdensity(position, rest[-2], last_batch),
+                *rest,
+            )
+
         self._compiled = {
-            "draw": jax.jit(draw),
+            "draw": jax.jit(draw_sharded if sharded else draw),
             "draw_chunk": jax.jit(draw_chunk),
-            "finish": jax.jit(finish),
+            "finish": jax.jit(finish_streamed),
             "initial_loss": jax.jit(initial_loss),
             "init": jax.jit(self._make_init(fns, kernel_init)),
             "noise": jax.jit(noise, static_argnames="full"),
@@ -484,6 +590,19 @@ class SGMCMCStep(BlockedStep):
             self._compiled["sources"] = [as_row_source(a) for a in problem.data]
             self._compiled["batch_dtypes"] = [v.dtype for v in problem._batch_inputs]
         return self._compiled
+
+    def _place_chain(self, compiled: dict[str, Any]) -> None:
+        """``devices="chains"``: move the data to device ``c mod k`` for chain ``c``; the
+        compiled functions then run there (they follow their committed inputs)."""
+        from pymc_sgmcmc._hooks import current_chain
+
+        jax = compiled["jax"]
+        available = jax.devices()
+        chain = current_chain()
+        device = available[(chain or 0) % len(available)]
+        if device != self._chain_device:
+            compiled["data"] = jax.device_put(compiled["data"], device)
+            self._chain_device = device
 
     def _tuning_data(self, key: Any) -> Any:
         """What the tuning functions read: the device data, or (streamed) a block of
@@ -562,8 +681,14 @@ class SGMCMCStep(BlockedStep):
                     "`initvals=` to pm.sample."
                 )
             seed = int(self.rng.integers(2**31))
+            if self.devices == "chains":
+                self._place_chain(compiled)
+                position = jax.device_put(position, self._chain_device)
             init_state = compiled["init"](position, compiled["data"], fixed)
-            self.chain_state = (jax.random.PRNGKey(seed), init_state)
+            chain_key = jax.random.PRNGKey(seed)
+            if self._chain_device is not None:
+                chain_key = jax.device_put(chain_key, self._chain_device)
+            self.chain_state = (chain_key, init_state)
             self._host_seed = seed
             key_loss = jax.random.PRNGKey(seed + 1)
             self._ref_loss = float(
