@@ -18,6 +18,7 @@ its workers.
 
 from __future__ import annotations
 
+import difflib
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -339,30 +340,189 @@ def _rows_to_batch_length(graph: Variable, data_size: int, batch_length: Variabl
     return clone_replace([graph], replace=replacements, rebuild_strict=False)[0]
 
 
+def _free_names(model: pm.Model) -> list[str]:
+    return [rv.name for rv in model.free_RVs]
+
+
 def _user_vars_to_value_vars(model: pm.Model, vars: Sequence[Any] | None) -> list[Variable]:
+    """The value variables of ``vars`` (free RVs, their value variables, or names of either)."""
     if vars is None:
         return list(model.value_vars)
+    value_by_name = {v.name: v for v in model.value_vars}
     out = []
     for v in vars:
-        if v in model.value_vars:
-            out.append(v)
-        elif v in model.rvs_to_values:
-            out.append(model.rvs_to_values[v])
-        elif isinstance(v, str) and v in model.named_vars:
-            rv = model.named_vars[v]
-            out.append(model.rvs_to_values.get(rv, rv))
+        if isinstance(v, str):
+            if v in value_by_name:  # a value variable's name, e.g. "sigma_log__"
+                out.append(value_by_name[v])
+                continue
+            named = model.named_vars.get(v)
+        elif isinstance(v, Variable):
+            named = v
         else:
-            raise ValueError(
-                f"`vars` contains {v!r}, which is not a free variable of the model. "
-                f"Pass free random variables (or their names) from {[r.name for r in model.free_RVs]}."
-            )
-    for v in out:
-        if v not in model.value_vars:
-            raise ValueError(
-                f"{v.name!r} is not a free variable of the model (observed or deterministic); "
-                "only free random variables can be sampled."
-            )
+            named = None
+        if named is not None and named in model.value_vars:
+            out.append(named)
+            continue
+        if named is not None and named in model.free_RVs:
+            out.append(model.rvs_to_values[named])
+            continue
+        raise ValueError(_not_a_free_variable(model, v, named, "vars"))
     return out
+
+
+def _not_a_free_variable(model: pm.Model, item: Any, named: Variable | None, arg: str) -> str:
+    """Why ``item`` of the argument ``arg`` is not a free variable, and what to pass instead."""
+    free = _free_names(model)
+    label = repr(item) if isinstance(item, str) else repr(getattr(item, "name", None) or item)
+    if named is not None and named in model.observed_RVs:
+        what = (
+            "an observed variable: its data are what the sampler minibatches, they are not sampled"
+        )
+    elif named is not None and named in model.deterministics:
+        what = (
+            "a Deterministic, computed from the free variables on every draw: pass the free "
+            "variables it depends on instead"
+        )
+    elif named is not None and named in model.data_vars:
+        what = "a data container (pm.Data), not a random variable"
+    elif named is not None and named in model.potentials:
+        what = "a Potential, a log-density term, not a random variable"
+    elif isinstance(item, str):
+        close = difflib.get_close_matches(item, free + list(model.named_vars), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        what = f"not the name of any variable of the model{hint}"
+    elif isinstance(item, Variable):
+        what = "not a variable of this model (was it created in another model?)"
+    else:
+        what = f"of type {type(item).__name__}, neither a random variable nor a name"
+    return (
+        f"`{arg}` contains {label}, which is {what}. Only free random variables can be sampled: "
+        f"pass free variables (or their names) from {free}."
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Model features the samplers refuse: pm.Minibatch / total_size, imputed missing data
+# ---------------------------------------------------------------------------------------
+
+
+def _optional_op_types(*paths: str) -> tuple[type, ...]:
+    """The PyMC classes at ``module:name`` paths that this PyMC version has."""
+    import importlib
+
+    found = []
+    for path in paths:
+        module, name = path.split(":")
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
+def _check_pm_minibatch(model: pm.Model) -> None:
+    """Refuse ``pm.Minibatch`` slices and ``total_size=`` rescaling in the model.
+
+    ``pm.Minibatch(X, y, batch_size=B)`` is a ``MinibatchOp`` node (drawing row indices with a
+    ``minibatch_index`` random variable) whose outputs are B random rows; ``total_size=`` turns
+    an observed variable into a ``MinibatchRandomVariable`` whose log-likelihood is rescaled by
+    ``total_size / B``. The SG samplers slice the full data themselves and rescale by ``N/B``:
+    with either in the model, the rows would be drawn twice or rescaled twice.
+    """
+    minibatch_ops = _optional_op_types("pymc.data:MinibatchOp", "pymc.data:MinibatchIndexRV")
+    rescaled_ops = _optional_op_types("pymc.variational.minibatch_rv:MinibatchRandomVariable")
+    fix = (
+        "The stochastic-gradient samplers draw their own minibatches from the full data and "
+        "rescale the likelihood by N/B themselves: pass the full arrays (pm.Data or NumPy) as "
+        "observed= and as covariates, drop total_size=, and set the minibatch size with the "
+        "sampler's batch_size= (pmsg.SGLD(batch_size=...))."
+    )
+    groups = [
+        ("Observed variable", [(rv, [rv, model.rvs_to_values[rv]]) for rv in model.observed_RVs]),
+        ("Potential", [(p, [p]) for p in model.potentials]),
+        ("Free variable", [(rv, [rv]) for rv in model.free_RVs]),
+        ("Deterministic", [(d, [d]) for d in model.deterministics]),
+    ]
+    for kind, entries in groups:
+        for var, graphs in entries:
+            nodes = list(dict.fromkeys(a.owner for a in ancestors(graphs) if a.owner))
+            slices = [n for n in nodes if minibatch_ops and isinstance(n.op, minibatch_ops)]
+            if slices:
+                raise ModelNotSupportedError(
+                    f"{kind} {var.name!r} reads data through pm.Minibatch "
+                    f"({_describe_minibatch(slices)}). {fix}"
+                )
+    for rv in model.observed_RVs:
+        if rescaled_ops and isinstance(rv.owner.op, rescaled_ops):
+            raise ModelNotSupportedError(
+                f"Observed variable {rv.name!r} has total_size=, which rescales its "
+                f"log-likelihood as if its data were a minibatch of a larger data set. {fix}"
+            )
+
+
+def _describe_minibatch(nodes: list[Any]) -> str:
+    parts = []
+    for node in nodes:
+        if not hasattr(node.op, "inner_outputs"):  # the minibatch_index draw inside the op
+            continue
+        names = [
+            repr(inp.name) if inp.name else f"an array of shape {np.shape(_data_leaf_value(inp))}"
+            for inp in node.inputs
+            if not isinstance(inp.type, RandomType)
+        ]
+        batch = node.outputs[0].type.shape[0] if node.outputs[0].type.ndim else None
+        parts.append(f"rows of {', '.join(names)}" + (f" with batch_size={batch}" if batch else ""))
+    return "; ".join(parts) or "a minibatch_index draw"
+
+
+def _imputations(model: pm.Model) -> list[tuple[str, Variable, Variable]]:
+    """``(name, observed part, imputed free part)`` of every observed variable with missing data.
+
+    Given ``observed=`` data with NaNs (or a masked array), PyMC registers the observed entries
+    as an observed variable ``{name}_observed``, the missing ones as a free variable
+    ``{name}_unobserved``, and records the split in the model as the Deterministic ``{name}``
+    that writes both back into one array (``set_subtensor`` into an empty array, one mask
+    each). That Deterministic is what is detected, not the names; the general case (a
+    ``PartialObservedRV`` node, which makes both parts) is detected from the op as well.
+    """
+    from pytensor.compile.ops import ViewOp
+
+    observed, free = set(model.observed_RVs), set(model.free_RVs)
+    found: list[tuple[str, Variable, Variable]] = []
+    for det in model.deterministics:
+        var = det
+        while var.owner is not None and isinstance(var.owner.op, ViewOp):
+            var = var.owner.inputs[0]
+        written = []
+        while var.owner is not None and getattr(var.owner.op, "set_instead_of_inc", False):
+            written.append(var.owner.inputs[1])
+            var = var.owner.inputs[0]
+        obs = [w for w in written if w in observed]
+        unobs = [w for w in written if w in free]
+        if obs and unobs:
+            found.append((det.name, obs[0], unobs[0]))
+    partial_ops = _optional_op_types("pymc.distributions.distribution:PartialObservedRV")
+    seen = {o for _, o, _ in found}
+    for rv in model.observed_RVs:
+        if rv not in seen and partial_ops and isinstance(rv.owner.op, partial_ops):
+            unobs = [o for o in rv.owner.outputs if o in free]
+            name = rv.name.removesuffix("_observed") if rv.name else rv.name
+            found.append((name, rv, unobs[0] if unobs else rv))
+    return found
+
+
+def _check_imputation(model: pm.Model) -> None:
+    for name, obs, unobs in _imputations(model):
+        raise ModelNotSupportedError(
+            f"The observed data of {name!r} have missing values (NaN or masked entries), so PyMC "
+            f"split {name!r} into the observed variable {obs.name!r} and the free variable "
+            f"{unobs.name!r} that imputes the missing entries. The stochastic-gradient samplers "
+            "cannot minibatch such a split likelihood: its observed rows no longer line up with "
+            "the rows of the other data (covariates, group indices). Drop the rows with missing "
+            "values before building the model (keep = ~np.isnan(data); observed=data[keep], and "
+            "index every row-aligned covariate with [keep] too), or sample this model with "
+            "pm.sample() (NUTS), which imputes them."
+        )
 
 
 def build_problem(
@@ -393,12 +553,17 @@ def build_problem(
     Raises
     ------
     ModelNotSupportedError
-        Discrete free variables, or no observed data to minibatch.
+        Discrete free variables, no observed data to minibatch, ``pm.Minibatch`` or
+        ``total_size=`` in the model, or observed data with missing values (PyMC's imputation).
     DataShapeError
         Data containers whose leading axes disagree, or ``batch_size`` outside ``1..N``.
+    ValueError
+        ``vars`` or ``minibatch_data`` naming something that is not a free variable / data.
     """
     model = pm.modelcontext(model)
     sampled = _user_vars_to_value_vars(model, vars)
+    _check_pm_minibatch(model)
+    _check_imputation(model)
 
     for value_var in sampled:
         rv = model.values_to_rvs[value_var]
@@ -433,20 +598,26 @@ def build_problem(
     forced_leaves: list[Variable] | None = None
     if minibatch_data is not None:
         forced_leaves = []
+        mb_choices = [d.name for d in model.data_vars] + [rv.name for rv in model.observed_RVs]
         for item in minibatch_data:
             if isinstance(item, str):
                 if item not in model.named_vars:
+                    close = difflib.get_close_matches(item, mb_choices, n=1)
+                    hint = f" (did you mean {close[0]!r}?)" if close else ""
                     raise ValueError(
-                        f"minibatch_data names {item!r}, which is not in the model. "
-                        f"Data containers: {sorted(model.data_vars and [d.name for d in model.data_vars])}."
+                        f"minibatch_data names {item!r}, which is not a variable of the "
+                        f"model{hint}. Pass pm.Data containers or observed variables (or their "
+                        f"names) from {mb_choices}."
                     )
                 item = model.named_vars[item]
+            label = getattr(item, "name", None) or item
             if item in observed_value:
                 item = observed_value[item]
             if _data_leaf_value(item) is None:
                 raise ValueError(
-                    f"minibatch_data entry {getattr(item, 'name', item)!r} is not a data "
-                    "container (pm.Data) nor an observed variable."
+                    f"minibatch_data entry {label!r} is neither a data container (pm.Data) nor "
+                    "an observed variable, so it has no rows to minibatch. Pass pm.Data "
+                    f"containers or observed variables (or their names) from {mb_choices}."
                 )
             forced_leaves.append(item)
         sizes = {_leaf_label(model, v, observed_owner): leading(v) for v in forced_leaves}

@@ -9,7 +9,6 @@ import pymc as pm
 import pytest
 
 import pymc_sgmcmc as pmsg
-from pymc_sgmcmc.errors import DataShapeError, ModelNotSupportedError
 
 
 def _multi_output_model(seed: int = 0) -> pm.Model:
@@ -128,55 +127,3 @@ def test_plain_numpy_design_matrix_is_sliced_with_the_observations(small_regress
     data = tuple(jnp.asarray(a) for a in problem.data)
     ours = float(f["logprior"](theta, ()) + jnp.sum(f["loglik_rows"](theta, (), data)))
     np.testing.assert_allclose(ours, float(model.compile_logp()(point)), rtol=1e-8)
-
-
-# --- errors -----------------------------------------------------------------------------
-
-
-def test_discrete_free_variable_is_refused_with_the_fix():
-    with pm.Model() as model:
-        k = pm.Poisson("k", 3.0)
-        pm.Normal("y", k, 1.0, observed=np.zeros(10))
-    with pytest.raises(ModelNotSupportedError, match=r"'k' is discrete.*pm\.Metropolis"):
-        pmsg.build_problem(model)
-
-
-def test_model_without_observed_data_says_what_to_do():
-    with pm.Model() as model:
-        pm.Normal("x", 0, 1)
-    with pytest.raises(ModelNotSupportedError, match=r"no observed variables.*pm\.sample\(\)"):
-        pmsg.build_problem(model)
-
-
-@pytest.mark.parametrize("batch_size", [0, -3, 2_001])
-def test_batch_size_outside_one_to_n(small_regression, batch_size):
-    with small_regression.model():
-        with pytest.raises((DataShapeError, ValueError), match="batch_size"):
-            pmsg.SGLD(batch_size=batch_size)
-
-
-def test_batch_size_larger_than_n_names_n(small_regression):
-    with small_regression.model():
-        with pytest.raises(DataShapeError, match=r"N=2000"):
-            pmsg.SGLD(batch_size=5000)
-
-
-def test_data_containers_with_disagreeing_leading_axes():
-    rng = np.random.default_rng(0)
-    with pm.Model() as model:
-        X = pm.Data("X", rng.normal(size=(101, 2)))
-        beta = pm.Normal("beta", 0, 1, shape=2)
-        pm.Normal("y", X @ beta, 1.0, observed=rng.normal(size=100))
-    with pytest.raises(DataShapeError, match=r"not row-aligned.*'X': 101"):
-        pmsg.build_problem(model)
-
-
-def test_override_with_disagreeing_leading_axes():
-    rng = np.random.default_rng(0)
-    with pm.Model() as model:
-        X = pm.Data("X", rng.normal(size=(100, 2)))
-        g = pm.Data("g", rng.normal(size=30))
-        beta = pm.Normal("beta", 0, 1, shape=2)
-        pm.Normal("y", X @ beta + g.sum(), 1.0, observed=rng.normal(size=100))
-    with pytest.raises(DataShapeError, match="share one leading"):
-        pmsg.build_problem(model, minibatch_data=["X", "g"])

@@ -158,40 +158,6 @@ def test_multiprocess_in_a_fresh_process_uses_fork_and_lazy_jax():
     assert "OK" in out.stdout
 
 
-def test_compound_step_with_a_pymc_sampler():
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(400, 2))
-    with pm.Model():
-        b = pm.Normal("b", 0, 1, shape=2)
-        s = pm.HalfNormal("s", 1)
-        pm.Normal("y", X @ b, s, observed=X @ [1.0, -1.0] + 0.5 * rng.normal(size=400))
-        step = [pmsg.SGLD(vars=[b], batch_size=50), pm.Metropolis([s])]
-        idata = pm.sample(step=step, random_seed=1, **{**SAMPLE, "draws": 200, "tune": 200})
-    assert "sampler_0__step_size" not in idata.sample_stats  # stats are un-prefixed by ArviZ
-    np.testing.assert_allclose(idata.posterior["b"].mean(("chain", "draw")), [1.0, -1.0], atol=0.15)
-    np.testing.assert_allclose(float(idata.posterior["s"].mean()), 0.5, atol=0.1)
-
-
-def test_unknown_keyword_is_refused(model):
-    with model:
-        with pytest.raises(
-            TypeError, match=r"unknown keyword argument\(s\) \['stepsize'\].*step_size"
-        ):
-            pmsg.SGLD(stepsize=0.1)
-
-
-def test_bad_arguments(model):
-    with model:
-        with pytest.raises(ValueError, match="preconditioner"):
-            pmsg.SGLD(preconditioner="adam")
-        with pytest.raises(ValueError, match="momentum"):
-            pmsg.ConstantSGD(momentum=1.5)
-        with pytest.raises(ValueError, match="step_size must be positive"):
-            pmsg.SGLD(step_size=-1.0)
-        with pytest.raises(ValueError, match="thin"):
-            pmsg.SGLD(thin=0)
-
-
 def test_divergence_is_reported_not_returned_as_nan(model):
     with model:
         with pytest.raises(pmsg.DivergenceError, match="Reduce step_size"):
