@@ -32,7 +32,9 @@ from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Constant, Variable
 from pytensor.graph.replace import clone_replace
 from pytensor.graph.traversal import ancestors, graph_inputs
+from pytensor.scalar.basic import Cast as ScalarCast
 from pytensor.tensor.basic import Alloc, get_underlying_scalar_constant_value
+from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.exceptions import NotScalarConstantError
 from pytensor.tensor.random.type import RandomType
 from pytensor.tensor.shape import SpecifyShape
@@ -589,6 +591,13 @@ def build_problem(
     observed_owner = {val: rv.name for rv, val in observed_value.items()}
 
     def leading(var: Variable) -> int | None:
+        # Observed values given as a pm.Data container of another dtype (an integer container
+        # under a Bernoulli) arrive wrapped in a Cast: its rows are the container's.
+        owner = var.owner
+        if owner is not None and isinstance(owner.op, Elemwise) and isinstance(
+            owner.op.scalar_op, ScalarCast
+        ):
+            var = owner.inputs[0]
         value = _data_leaf_value(var)
         if value is None or value.ndim == 0:
             return None

@@ -127,3 +127,18 @@ def test_plain_numpy_design_matrix_is_sliced_with_the_observations(small_regress
     data = tuple(jnp.asarray(a) for a in problem.data)
     ours = float(f["logprior"](theta, ()) + jnp.sum(f["loglik_rows"](theta, (), data)))
     np.testing.assert_allclose(ours, float(model.compile_logp()(point)), rtol=1e-8)
+
+
+def test_integer_data_container_observed_through_a_cast():
+    # PyMC wraps an integer pm.Data container observed by a Bernoulli in a Cast.
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 2))
+    y = (rng.random(300) < 0.5).astype(np.int64)
+    with pm.Model() as model:
+        b = pm.Normal("b", 0, 1, shape=2)
+        pm.Bernoulli("y", logit_p=pm.Data("X", X) @ b, observed=pm.Data("y_obs", y))
+    problem = pmsg.build_problem(model)
+    assert problem.data_size == 300 and set(problem.data_names) == {"X", "y_obs"}
+    point = model.initial_point()
+    ours = float(problem.jax_functions()["logdensity"](problem.ravel(point), (), problem.data))
+    np.testing.assert_allclose(ours, float(model.compile_logp()(point)), rtol=1e-8)
