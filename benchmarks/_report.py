@@ -3,12 +3,15 @@ section to ``benchmarks/RESULTS.md`` under the script's own heading."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-__all__ = ["REPO", "append_section", "git_state"]
+__all__ = ["REPO", "append_section", "git_state", "run_script"]
 
 
 def git_state() -> str:
@@ -39,3 +42,20 @@ def append_section(path: Path, section: str, heading: str, intro: str) -> None:
     end = len(text) if nxt < 0 else nxt + 1
     text = text[:end].rstrip("\n") + "\n\n" + section + ("\n" + text[end:] if nxt >= 0 else "")
     path.write_text(text)
+
+
+def run_script(code: str, *args: object, env: dict[str, str] | None = None) -> dict:
+    """Run ``code`` in a fresh interpreter with ``args`` and return the JSON it prints on a
+    line starting with ``RESULT`` (a fresh process per measurement: its own peak memory, its
+    own JAX device count)."""
+    out = subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=REPO,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-3000:])
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT"))
+    return json.loads(line[len("RESULT") :])

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import os
 import platform
 import shutil
@@ -42,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import REPO, append_section, git_state  # noqa: E402
+from _report import REPO, append_section, git_state, run_script  # noqa: E402
 
 D = 20
 
@@ -123,16 +122,7 @@ _RUN = textwrap.dedent(
 
 
 def run(xfile: Path, yfile: Path, mode: str, tune: int, draws: int) -> dict:
-    out = subprocess.run(
-        [sys.executable, "-c", _RUN, str(xfile), str(yfile), mode, str(tune), str(draws)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(out.stderr[-3000:])
-    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT"))
-    return json.loads(line[len("RESULT") :])
+    return run_script(_RUN, xfile, yfile, mode, tune, draws)
 
 
 def main() -> None:

@@ -24,16 +24,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import os
 import platform
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import REPO, append_section, git_state  # noqa: E402
+from _report import REPO, append_section, git_state, run_script  # noqa: E402
 
 _RUN = textwrap.dedent(
     """
@@ -62,18 +60,8 @@ _RUN = textwrap.dedent(
 
 
 def run(n: int, d: int, b: int, devices: int, draws: int, repeats: int) -> dict:
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
-    out = subprocess.run(
-        [sys.executable, "-c", _RUN, *map(str, (n, d, b, devices, draws, repeats))],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(out.stderr[-3000:])
-    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT"))
-    return json.loads(line[len("RESULT") :])
+    flags = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    return run_script(_RUN, n, d, b, devices, draws, repeats, env=flags)
 
 
 def main() -> None:
