@@ -17,6 +17,7 @@ from pymc_sgmcmc import schedules
 from pymc_sgmcmc._hooks import install as _install_hooks
 from pymc_sgmcmc._multiprocessing import install as _install_mp
 from pymc_sgmcmc.bridge import MinibatchProblem, build_problem
+from pymc_sgmcmc.compare import compare, plot_compare
 from pymc_sgmcmc.errors import DataShapeError, DivergenceError, ModelNotSupportedError
 from pymc_sgmcmc.recording import DrawWriter, read_draws
 from pymc_sgmcmc.sgfs import SGFS
@@ -39,6 +40,8 @@ __all__ = [
     "ModelNotSupportedError",
     "SGMCMCStep",
     "build_problem",
+    "compare",
+    "plot_compare",
     "read_draws",
     "schedules",
 ]
