@@ -372,8 +372,11 @@ class SGMCMCStep(BlockedStep):
         logdensity = fns["logdensity"]
         iteration = self._make_iteration(fns, kernel_step, data)
 
-        def finish(state, position_sum, grad_sum, loss_fn, grad_norms, step_size, fixed, params):
-            """The end of a draw: variational EM's step, the loss, divergence and stats."""
+        def finish(
+            state, position_sum, grad_sum, loss_fn, grad_norms, step_size, fixed, params, emit_key
+        ):
+            """The end of a draw: variational EM's step, the loss, divergence, stats and the
+            saved draw (:meth:`_emit`)."""
             if "hyper_step" in params:
                 # Variational EM: one Robbins–Monro step per draw with the draw's mean
                 # gradient; the hyperparameters stay fixed within the draw, so the sampled
@@ -402,7 +405,8 @@ class SGMCMCStep(BlockedStep):
                 "diverging": ~finite | exploded,
                 "first_nonfinite": jnp.where(jnp.all(grad_ok), thin, jnp.argmin(grad_ok)),
             }
-            return state, position_sum / thin, stats
+            stats.update(self._draw_stats(state, fixed, params))
+            return state, self._emit(state, position_sum / thin, emit_key, fixed), stats
 
         def draw(key, state, data, fixed, params):
             # All of a draw's randomness in two vectorised calls before the scan: per-iteration
@@ -432,7 +436,7 @@ class SGMCMCStep(BlockedStep):
                 unroll=unroll,
             )
             last_batch = take_minibatch(indices[-1], data, n, b, scheme)
-            state, mean_position, stats = finish(
+            state, emitted, stats = finish(
                 state,
                 position_sum,
                 grad_sum,
@@ -441,8 +445,9 @@ class SGMCMCStep(BlockedStep):
                 infos.step_size[-1],
                 fixed,
                 params,
+                jax.random.fold_in(key_noise, 1),
             )
-            return key, state, mean_position, stats
+            return key, state, emitted, stats
 
         def draw_chunk(key, state, sums, batches, fixed, params):
             # A streamed draw's iterations over one chunk of host-read minibatches
@@ -500,7 +505,7 @@ class SGMCMCStep(BlockedStep):
                     lik, _ = shard_loglik(position, fixed, arrays, n_local, indices[-1])
                     return -(fns["logprior"](position, fixed) + lik)
 
-                state, mean_position, stats = finish(
+                state, emitted, stats = finish(
                     state,
                     position_sum,
                     grad_sum,
@@ -509,8 +514,9 @@ class SGMCMCStep(BlockedStep):
                     infos.step_size[-1],
                     fixed,
                     params,
+                    jax.random.fold_in(key_noise, 1),
                 )
-                return key, state, mean_position, stats
+                return key, state, emitted, stats
 
         noise_rows = min(n, max(b, 1024))
         self._noise_rows = noise_rows
@@ -565,11 +571,12 @@ class SGMCMCStep(BlockedStep):
             return -logdensity(position, fixed, tuning_rows(key, data))
 
         def finish_streamed(state, position_sum, grad_sum, last_batch, *rest):
+            # rest: grad_norms, step_size, fixed, params, emit_key
             return finish(
                 state,
                 position_sum,
                 grad_sum,
-                lambda position: -logdensity(position, rest[-2], last_batch),
+                lambda position: -logdensity(position, rest[-3], last_batch),
                 *rest,
             )
 
@@ -622,7 +629,7 @@ class SGMCMCStep(BlockedStep):
         )
 
     def _run_draw(self, key: Any, state: Any, fixed: tuple, params: dict, draw_index: int):
-        """One draw: ``(key, state, mean_position, stats)``. In memory one compiled scan;
+        """One draw: ``(key, state, emitted, stats)``. In memory one compiled scan;
         streamed, one compiled scan per chunk of host-read minibatches."""
         compiled = self._compile()
         if not self.streaming:
@@ -653,10 +660,18 @@ class SGMCMCStep(BlockedStep):
             norms.append(chunk_norms)
         last_batch = tuple(a[-1] for a in batches)
         grad_norms = norms[0] if len(norms) == 1 else jax.numpy.concatenate(norms)
-        state, mean_position, stats = compiled["finish"](
-            state, sums[0], sums[1], last_batch, grad_norms, step_size, fixed, params
+        state, emitted, stats = compiled["finish"](
+            state,
+            sums[0],
+            sums[1],
+            last_batch,
+            grad_norms,
+            step_size,
+            fixed,
+            params,
+            jax.random.fold_in(key_draw, 2**31 - 1),
         )
-        return key, state, mean_position, stats
+        return key, state, emitted, stats
 
     # -- one draw --------------------------------------------------------------------------------
     def step(self, point: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[dict]]:
@@ -713,7 +728,7 @@ class SGMCMCStep(BlockedStep):
         for attempt in range(DIVERGENCE_RETRIES + 1):
             params = self._params(int(state.iteration))
             params["ref_loss"] = np.asarray(self._ref_loss, dtype=self.problem.dtype)
-            new_key, new_state, mean_position, stats = self._run_draw(
+            new_key, new_state, emitted, stats = self._run_draw(
                 key, state, fixed, params, draw_index
             )
             stats = {k: np.asarray(v).item() for k, v in stats.items()}
@@ -780,12 +795,21 @@ class SGMCMCStep(BlockedStep):
         stats["tune"] = bool(self.tune)
         stats["data_passes"] = self._data_passes(int(state.iteration))
         new_point = dict(point)
-        new_point.update(self.problem.unravel(np.asarray(self._emit(state, mean_position))))
+        new_point.update(self._unravel_emitted(np.asarray(emitted)))
         return new_point, [stats]
 
-    def _emit(self, state: Any, mean_position: Any) -> Any:
-        """The saved draw: the chain's position (IASG overrides: the window's mean)."""
+    def _emit(self, state: Any, mean_position: Any, key: Any, fixed: tuple) -> Any:
+        """Hook (traced): the saved draw as a raveled vector — the chain's position (IASG
+        overrides: the window's mean; with ``local_vars`` a draw of the locals follows)."""
         return state.position
+
+    def _unravel_emitted(self, emitted: np.ndarray) -> dict[str, np.ndarray]:
+        """The point (value variables by name) of an emitted vector (see :meth:`_emit`)."""
+        return self.problem.unravel(emitted)
+
+    def _draw_stats(self, state: Any, fixed: tuple, params: dict) -> dict[str, Any]:
+        """Hook (traced): extra per-draw stats computed inside the compiled draw."""
+        return {}
 
     def _extra_stats(self, state: Any) -> dict[str, Any]:
         """Sampler-specific stats of a draw (declared in ``stats_dtypes_shapes``)."""
@@ -1381,7 +1405,7 @@ class IASG(_PreconditionedSGD):
                 stacklevel=2,
             )
 
-    def _emit(self, state: Any, mean_position: Any) -> Any:
+    def _emit(self, state: Any, mean_position: Any, key: Any, fixed: tuple) -> Any:
         return mean_position
 
     def settings(self) -> dict[str, Any]:
