@@ -310,8 +310,9 @@ class SGMCMCStep(BlockedStep):
     def _reset_tuning(self) -> None:
         """Forget tuned quantities at the start of a chain."""
 
-    def _tune_draw(self, position: Any, fixed: tuple, key: Any) -> None:
-        """Called before each tuning draw with the chain's position (JAX array)."""
+    def _tune_draw(self, state: Any, fixed: tuple, key: Any) -> None:
+        """Called before each tuning draw with the chain's kernel state (JAX arrays;
+        ``state.position`` is the position)."""
 
     def _retune(self) -> None:
         """Recompute the tuned step after ``self._shrink`` changed (a diverged tuning draw is
@@ -722,7 +723,7 @@ class SGMCMCStep(BlockedStep):
             # curvature (a noise scale halved quadruples it), so a step sized at the previous
             # values can be unstable. Automatic step sizes need one estimate before the first
             # draw, tuning or not.
-            self._tune_draw(state.position, fixed, key)
+            self._tune_draw(state, fixed, key)
         draw_index = self._draw_index
         self._draw_index += 1
         for attempt in range(DIVERGENCE_RETRIES + 1):
@@ -1002,7 +1003,8 @@ class _PreconditionedSGD(SGMCMCStep):
         if getattr(self, "_last_tuned_args", None) is not None:
             self.precond_value, self.inject_value = self._tuned(*self._last_tuned_args)
 
-    def _tune_draw(self, position, fixed, key) -> None:
+    def _tune_draw(self, state, fixed, key) -> None:
+        position = state.position
         full = self.preconditioner == "full"
         noise, curvature = self._estimate_noise(position, fixed, key, full=full)
         self._last_noise = (noise, curvature)
@@ -1041,7 +1043,7 @@ class _PreconditionedSGD(SGMCMCStep):
             # Tuning ended inside the search phase: switch to the sampling rate.
             self._in_search = False
             self._tune_calls = self.search_draws
-            self._tune_draw(self.chain_state[1].position, self._last_fixed, self.chain_state[0])
+            self._tune_draw(self.chain_state[1], self._last_fixed, self.chain_state[0])
             self.tune = False
 
     def _params(self, iteration: int) -> dict[str, Any]:
@@ -1276,9 +1278,9 @@ class ConstantSGD(_PreconditionedSGD):
     def _momentum(self) -> float | None:
         return self.momentum
 
-    def _tune_draw(self, position, fixed, key) -> None:
+    def _tune_draw(self, state, fixed, key) -> None:
         if self.auto_step_size:
-            super()._tune_draw(position, fixed, key)
+            super()._tune_draw(state, fixed, key)
 
     def _sampling_preconditioner(self, noise: np.ndarray) -> np.ndarray:
         p_star = kl_optimal_preconditioner(
@@ -1507,9 +1509,10 @@ class SGLD(SGMCMCStep):
         if self.auto_step_size:
             self.step_size_value = float("nan")
 
-    def _tune_draw(self, position, fixed, key) -> None:
+    def _tune_draw(self, state, fixed, key) -> None:
         if not self.auto_step_size:
             return
+        position = state.position
         searching = bool(self.tune) and self._tune_calls < self.search_draws
         self._tune_calls += 1
         if searching:
@@ -1551,7 +1554,7 @@ class SGLD(SGMCMCStep):
         if searching and self.chain_state is not None:
             # Tuning ended inside the search phase: size the step for sampling now.
             self._tune_calls = self.search_draws
-            self._tune_draw(self.chain_state[1].position, self._last_fixed, self.chain_state[0])
+            self._tune_draw(self.chain_state[1], self._last_fixed, self.chain_state[0])
 
     def _params(self, iteration: int) -> dict[str, Any]:
         dtype = self.problem.dtype
