@@ -38,7 +38,7 @@ import numpy as np
 
 from pymc_sgmcmc.errors import DivergenceError
 
-__all__ = ["install", "sgmcmc_attrs"]
+__all__ = ["install", "sgmcmc_attrs", "step_entries", "variational_group"]
 
 _STEPS: contextvars.ContextVar[list | None] = contextvars.ContextVar("pmsg_steps", default=None)
 # (chain, message) of the chains a DivergenceError stopped in the current pm.sample call.
@@ -97,20 +97,19 @@ def _tuned_from_stats(idata: Any) -> list[dict] | None:
             found = [str(v) for v in row if isinstance(v, str) and v]
             if found:
                 per_chain[chain] = json.loads(found[-1])
-        idata[group] = idata[group].drop_vars("sgmcmc_tuned")
+        # setattr, not idata[group] = ...: ArviZ appends the name to groups() again on __setitem__.
+        setattr(idata, group, idata[group].drop_vars("sgmcmc_tuned"))
     return per_chain if per_chain and all(per_chain) else None
 
 
-def sgmcmc_attrs(steps: list, tuned_chains: list[dict] | None = None) -> dict[str, str]:
-    """The attrs entries for the SG ``steps`` of one ``pm.sample`` call (JSON-encoded).
-
-    ``tuned_chains`` (from the stats, one dict per chain) is used for a single SG step;
-    otherwise the records the step objects kept while sampling in this process."""
-    from pymc_sgmcmc.step_methods import _jsonable
-
+def step_entries(steps: list, tuned_chains: list[dict] | None = None) -> list[dict]:
+    """One settings entry per SG step of a ``pm.sample`` call, with each chain's tuned values
+    under ``"chains"``: ``tuned_chains`` (from the stats, one dict per chain) for a single SG
+    step, otherwise the records the step objects kept while sampling in this process."""
     entries = []
     for step in steps:
         entry = step.settings()
+        entry.pop("variational", None)  # the last chain's; each chain's is under "chains"
         chains = tuned_chains if tuned_chains and len(steps) == 1 else None
         if chains is None:
             chains = [c for c in step.chain_settings if c]
@@ -119,10 +118,66 @@ def sgmcmc_attrs(steps: list, tuned_chains: list[dict] | None = None) -> dict[st
         entry["tuned_in"] = "sampled chains" if chains else "not recorded (see sample_stats)"
         entries.append(entry)
         step.chain_settings = []
+    return entries
+
+
+def sgmcmc_attrs(steps: list, entries: list[dict] | None = None) -> dict[str, str]:
+    """The attrs entries for the SG ``steps`` of one ``pm.sample`` call (JSON-encoded);
+    ``entries`` from :func:`step_entries` (computed here when not given). q's parameters
+    (``"variational"``) are left out: they go to the ``variational`` group."""
+    from pymc_sgmcmc.step_methods import _jsonable
+
+    if entries is None:
+        entries = step_entries(steps)
+    slim = [
+        {
+            **entry,
+            "chains": [
+                {k: v for k, v in chain.items() if k != "variational"}
+                for chain in entry.get("chains", [])
+            ],
+        }
+        if "chains" in entry
+        else entry
+        for entry in entries
+    ]
     return {
         "sgmcmc_samplers": ",".join(type(s).__name__ for s in steps),
-        "sgmcmc_settings": json.dumps(entries, default=_jsonable),
+        "sgmcmc_settings": json.dumps(slim, default=_jsonable),
     }
+
+
+def variational_group(entries: list[dict], model: Any) -> Any:
+    """The ``variational`` group: q's frozen parameters of every chain, as variables
+    ``<local>_<parameter>`` with dims ``("chain", *the local's dims)``; None without locals
+    (or when a chain's parameters were not recorded)."""
+    import xarray as xr
+
+    for entry in entries:
+        chains = entry.get("chains", [])
+        if not chains or not all("variational" in c for c in chains):
+            continue
+        data_vars = {}
+        coords: dict[str, Any] = {"chain": np.arange(len(chains))}
+        values_to_rvs = {v.name: rv for v, rv in model.values_to_rvs.items()}
+        for name in chains[0]["variational"]:
+            rv = values_to_rvs.get(name)
+            dims = model.named_vars_to_dims.get(rv.name) if rv is not None else None
+            for param in chains[0]["variational"][name]:
+                stacked = np.stack(
+                    [np.asarray(c["variational"][name][param]) for c in chains], axis=0
+                )
+                var_dims = (
+                    tuple(dims)
+                    if dims is not None and len(dims) == stacked.ndim - 1
+                    else tuple(f"{name}_dim_{i}" for i in range(stacked.ndim - 1))
+                )
+                for dim in var_dims:
+                    if dim in model.coords and model.coords[dim] is not None:
+                        coords[dim] = np.asarray(model.coords[dim])
+                data_vars[f"{name}_{param}"] = (("chain", *var_dims), stacked)
+        return xr.Dataset(data_vars, coords=coords)
+    return None
 
 
 def install() -> None:
@@ -190,10 +245,14 @@ def install() -> None:
         _DIVERGED.set(None)
         result = return_original(*args, **kwargs)
         if steps and hasattr(result, "groups"):
-            attrs = sgmcmc_attrs(steps, _tuned_from_stats(result))
-            for group in ("posterior", "sample_stats"):
-                if group in result.groups():
-                    result[group].attrs.update(attrs)
+            entries = step_entries(steps, _tuned_from_stats(result))
+            group = variational_group(entries, steps[0].problem.model)
+            attrs = sgmcmc_attrs(steps, entries)
+            for name in ("posterior", "sample_stats"):
+                if name in result.groups():
+                    result[name].attrs.update(attrs)
+            if group is not None:
+                result.add_groups({"variational": group})
         if diverged:
             lines = [f"chain {chain}: {error}" for chain, error in diverged]
             raise DivergenceError(

@@ -41,7 +41,9 @@ from pytensor.tensor.shape import SpecifyShape
 
 from pymc_sgmcmc.errors import DataShapeError, ModelNotSupportedError
 
-__all__ = ["MinibatchProblem", "VarInfo", "build_problem"]
+__all__ = ["ROW_INDEX", "MinibatchProblem", "VarInfo", "build_problem"]
+
+ROW_INDEX = "__row_index__"  # name of the data array of original row indices (row-aligned locals)
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,13 @@ class MinibatchProblem:
         ``N``, the number of rows.
     minibatched_observed, full_observed
         Names of the observed variables whose likelihood is minibatched / evaluated in full.
+    local_names
+        Value variables given a variational distribution (``local_vars``); they are among
+        ``fixed_infos`` and enter the graphs like fixed values.
+    row_local_names
+        The locals whose leading axis is the data axis: the row graph reads them row by row,
+        gathered from their ``fixed`` value at the minibatch's original row indices, which
+        then travel as the last data array (``data_names[-1] == ROW_INDEX``).
     """
 
     model: pm.Model
@@ -90,6 +99,8 @@ class MinibatchProblem:
     _rows_graph: Variable = field(repr=False)
     _jacobian_graph: Variable | None = field(default=None, repr=False)
     _jax_cache: dict = field(default_factory=dict, repr=False, compare=False)
+    local_names: tuple[str, ...] = ()
+    row_local_names: tuple[str, ...] = ()
 
     # -- raveling -------------------------------------------------------------------------
     @property
@@ -248,9 +259,18 @@ def _build_jax_functions(problem: MinibatchProblem) -> dict[str, Callable]:
     def logprior(position: jax.Array, fixed: Sequence[jax.Array] = ()) -> jax.Array:
         return logprior_raw(*values(position, fixed))[0]
 
+    fixed_names = [v.name for v in problem.fixed_infos]
+    row_slots = [fixed_names.index(name) for name in problem.row_local_names]
+
     def loglik_rows(
         position: jax.Array, fixed: Sequence[jax.Array], batch: Sequence[jax.Array]
     ) -> jax.Array:
+        if row_slots:
+            # Row-aligned locals: their rows at the minibatch's original row indices.
+            rows_index = batch[-1]
+            batch = tuple(batch[:-1]) + tuple(
+                jnp.take(jnp.asarray(fixed[slot]), rows_index, axis=0) for slot in row_slots
+            )
         rows = rows_raw(*values(position, fixed), *batch)[0]
         return jnp.broadcast_to(rows, (batch[0].shape[0],)) if batch else rows
 
@@ -346,7 +366,9 @@ def _free_names(model: pm.Model) -> list[str]:
     return [rv.name for rv in model.free_RVs]
 
 
-def _user_vars_to_value_vars(model: pm.Model, vars: Sequence[Any] | None) -> list[Variable]:
+def _user_vars_to_value_vars(
+    model: pm.Model, vars: Sequence[Any] | None, arg: str = "vars"
+) -> list[Variable]:
     """The value variables of ``vars`` (free RVs, their value variables, or names of either)."""
     if vars is None:
         return list(model.value_vars)
@@ -368,7 +390,7 @@ def _user_vars_to_value_vars(model: pm.Model, vars: Sequence[Any] | None) -> lis
         if named is not None and named in model.free_RVs:
             out.append(model.rvs_to_values[named])
             continue
-        raise ValueError(_not_a_free_variable(model, v, named, "vars"))
+        raise ValueError(_not_a_free_variable(model, v, named, arg))
     return out
 
 
@@ -531,6 +553,7 @@ def build_problem(
     model: pm.Model | None = None,
     vars: Sequence[Any] | None = None,
     *,
+    local_vars: Sequence[Any] | None = None,
     minibatch_data: Sequence[Any] | None = None,
     batch_size: int | None = None,
 ) -> MinibatchProblem:
@@ -541,8 +564,13 @@ def build_problem(
     model
         The PyMC model (default: the model on the context stack).
     vars
-        Free variables to sample (default: all). The other value variables become ``fixed``
-        inputs so that the gradient is the correct conditional one inside a compound step.
+        Free variables to sample (default: all but ``local_vars``). The other value variables
+        become ``fixed`` inputs so that the gradient is the correct conditional one inside a
+        compound step.
+    local_vars
+        Free variables that get a variational distribution (:mod:`pymc_sgmcmc.variational`):
+        they become ``fixed`` inputs, and those whose leading axis is the data axis are read
+        row by row in the minibatched likelihood.
     minibatch_data
         Explicit override for what is minibatched: ``pm.Data`` containers, observed random
         variables, or their names. All must share the same leading length ``N``; every other
@@ -564,10 +592,31 @@ def build_problem(
     """
     model = pm.modelcontext(model)
     sampled = _user_vars_to_value_vars(model, vars)
+    local_values = (
+        list(dict.fromkeys(_user_vars_to_value_vars(model, local_vars, "local_vars")))
+        if local_vars
+        else []
+    )
+    if local_values:
+        both = [v.name for v in sampled if v in local_values]
+        if vars is None:
+            sampled = [v for v in sampled if v not in local_values]
+        elif both:
+            raise ValueError(
+                f"{both} are in both vars and local_vars. A free variable is either sampled "
+                "(vars) or given a variational distribution (local_vars): name it in one."
+            )
+        if not sampled:
+            raise ModelNotSupportedError(
+                "local_vars covers every free variable, so no global variable is left for the "
+                "stochastic-gradient sampler. Leave the globals (hyperparameters, scales, "
+                "fixed effects) out of local_vars, or fit the whole model by variational "
+                "inference (pm.fit)."
+            )
     _check_pm_minibatch(model)
     _check_imputation(model)
 
-    for value_var in sampled:
+    for value_var in sampled + local_values:
         rv = model.values_to_rvs[value_var]
         if rv.dtype.startswith(("int", "uint", "bool")) or value_var.dtype.startswith(
             ("int", "uint", "bool")
@@ -705,6 +754,13 @@ def build_problem(
             for v in graph_inputs([rows_graph])
             if _data_leaf_value(v) is not None and leading(v) == data_size
         ]
+    ip = model.initial_point()
+    row_inputs = set(graph_inputs([rows_graph]))
+    row_locals = [
+        v
+        for v in local_values
+        if v in row_inputs and np.ndim(ip[v.name]) >= 1 and np.shape(ip[v.name])[0] == data_size
+    ]
     placeholders = []
     replacements = {}
     data_names = []
@@ -718,6 +774,13 @@ def build_problem(
         data_names.append(observed_owner.get(leaf) or leaf.name or f"data_{i}")
         data_arrays.append(value)
 
+    local_placeholders = []
+    for i, local in enumerate(row_locals):
+        shape = np.shape(ip[local.name])
+        ph = pt.tensor(name=f"local_rows_{i}", dtype=local.dtype, shape=(None, *shape[1:]))
+        local_placeholders.append(ph)
+        replacements[local] = ph
+    full_rows_graph = rows_graph
     try:
         rows_graph = clone_replace([rows_graph], replace=replacements, rebuild_strict=False)[0]
         rows_graph, logprior_graph, jacobian_graph = _replace_shared_scalars(
@@ -727,10 +790,23 @@ def build_problem(
     except (ValueError, AssertionError) as err:
         raise _misaligned(model, mb_names, data_size, err) from err
 
-    ip = model.initial_point()
+    local_rows = [np.asarray(ip[v.name]) for v in row_locals]
     _probe_rows(
-        model, sampled, fixed, placeholders, data_arrays, rows_graph, ip, mb_names, data_size
+        model,
+        sampled,
+        fixed,
+        placeholders + local_placeholders,
+        data_arrays + local_rows,
+        rows_graph,
+        ip,
+        mb_names,
+        data_size,
+        full_rows_graph if row_locals else None,
     )
+    if row_locals:
+        data_names.append(ROW_INDEX)
+        index_dtype = np.int32 if data_size < 2**31 else np.int64
+        data_arrays.append(np.arange(data_size, dtype=index_dtype))
     infos = tuple(VarInfo(v.name, tuple(np.shape(ip[v.name])), str(v.dtype)) for v in sampled)
     fixed_infos = tuple(VarInfo(v.name, tuple(np.shape(ip[v.name])), str(v.dtype)) for v in fixed)
     problem = MinibatchProblem(
@@ -744,10 +820,12 @@ def build_problem(
         full_observed=tuple(rv.name for rv in full_rvs),
         dtype=str(pytensor.config.floatX),
         _inputs=list(sampled) + list(fixed),
-        _batch_inputs=placeholders,
+        _batch_inputs=placeholders + local_placeholders,
         _logprior_graph=logprior_graph,
         _rows_graph=rows_graph,
         _jacobian_graph=jacobian_graph,
+        local_names=tuple(v.name for v in local_values),
+        row_local_names=tuple(v.name for v in row_locals),
     )
     return problem
 
@@ -762,8 +840,13 @@ def _probe_rows(
     initial_point: dict[str, np.ndarray],
     mb_names: list[str],
     data_size: int,
+    full_rows_graph: Variable | None = None,
 ) -> None:
     """Evaluate the row graph on a 2-row batch (NumPy, no JAX) to catch misaligned data.
+
+    With row-aligned local variables (``full_rows_graph``, the row graph before any slicing)
+    the sliced rows must also equal the first rows of the full graph: a local that the
+    likelihood reads other than row by row would otherwise be sliced silently.
 
     A container the likelihood reads whose row count disagrees with ``N`` (say ``X`` with one
     row more than ``y``) is not sliced, so the batch's rows would broadcast against all of it;
@@ -789,6 +872,19 @@ def _probe_rows(
             data_size,
             f"a {probe_rows}-row minibatch gave log-likelihood rows of shape {out.shape}",
         )
+    if full_rows_graph is not None:
+        full_fn = pytensor.function(
+            [*sampled, *fixed], full_rows_graph, mode="FAST_COMPILE", on_unused_input="ignore"
+        )
+        full = np.asarray(full_fn(*[initial_point[v.name] for v in (*sampled, *fixed)]))
+        if not np.allclose(out, full[:probe_rows], rtol=1e-6, atol=1e-8):
+            raise ModelNotSupportedError(
+                "A local variable whose leading axis is the data axis is read by the "
+                "likelihood other than row by row (the minibatch's rows do not reproduce the "
+                "full data's), so it cannot be minibatched with the data. Make the local's "
+                "leading axis differ from the data's, or index it with a row-aligned integer "
+                "array (pm.Data) in the likelihood."
+            )
 
 
 def _misaligned(

@@ -29,6 +29,7 @@ from pymc_sgmcmc.kernels.preconditioning import apply_preconditioner
 from pymc_sgmcmc.minibatch import (
     MinibatchScheme,
     draw_minibatch,
+    full_data_chunks,
     layout_data,
     minibatch_indices,
     minibatch_row_ids,
@@ -47,11 +48,13 @@ from pymc_sgmcmc.tuning import (
     lift_noise,
     sgld_step_size,
 )
+from pymc_sgmcmc.variational import LOCAL_FAMILIES, Hybrid, HybridState, LocalLayout
 
 __all__ = ["IASG", "SGLD", "ConstantSGD", "SGMCMCStep"]
 
 DEFAULT_BATCH_SIZE = 256
 EXACT_DIAG_MAX_DIM = 64
+NOISE_REPEATS = 16  # ELBO gradients whose covariance is the noise estimate with local_vars
 UNROLL_MAX_WORK = 20_000  # batch_size x dimension below which the draw's scan is unrolled
 DIVERGENCE_RETRIES = 6  # tuning draws redone at a halved step before giving up
 DIVERGENCE_SHRINK = 0.5
@@ -105,6 +108,22 @@ class SGMCMCStep(BlockedStep):
         layout_shards` for the (unbiased, stratified) estimator. ``"chains"``: each chain
         runs on one device, chain ``c`` on device ``c mod k`` — with ``pm.sample(cores=k)``
         the chains of a multi-GPU host run side by side, one per device.
+    local_vars
+        Local latent variables (a volatility path, random effects) that get a variational
+        distribution ``q`` drawn by reparameterisation instead of being sampled; the sampler
+        then moves the other (global) variables along the gradient of the ELBO, and every
+        saved draw pairs the globals with one draw of the locals from ``q``. See
+        :mod:`pymc_sgmcmc.variational`. Locals whose leading axis is the data axis are
+        minibatched with the data.
+    local_family
+        ``"meanfield"`` (default) or ``"markov"`` (the locals' Gaussian prior precision given
+        the globals plus learned sites: follows the globals; for time-series paths and
+        Gaussian random effects). See :mod:`pymc_sgmcmc.variational`.
+    num_mc_samples
+        Reparameterised draws of the locals per gradient (default 4).
+    local_learning_rate
+        ρ ∈ (0, 1], the natural-gradient step of ``q``'s parameters while tuning (default 0.1;
+        a float or a schedule of the iteration). ``q`` is frozen at the end of tuning.
     model
         Default: the model on the context stack.
     """
@@ -137,6 +156,10 @@ class SGMCMCStep(BlockedStep):
         minibatch_data: Sequence[Any] | None = None,
         data: Mapping[str, Any] | None = None,
         devices: int | str | None = None,
+        local_vars: Sequence[Any] | None = None,
+        local_family: str | None = None,
+        num_mc_samples: int | None = None,
+        local_learning_rate: float | Schedule | None = None,
         model: pm.Model | None = None,
         rng: Any = None,
         blocked: bool = True,
@@ -160,8 +183,12 @@ class SGMCMCStep(BlockedStep):
         self.problem: MinibatchProblem = build_problem(
             model,
             vars,
+            local_vars=local_vars,
             minibatch_data=minibatch_data,
             batch_size=batch_size if data is None else None,
+        )
+        self.hybrid: Hybrid | None = self._setup_locals(
+            local_family, num_mc_samples, local_learning_rate, data, devices
         )
         self.streaming = False
         if data is not None:
@@ -183,8 +210,10 @@ class SGMCMCStep(BlockedStep):
                 )
         n = self.problem.data_size
         self.batch_size = int(batch_size) if batch_size is not None else min(DEFAULT_BATCH_SIZE, n)
-        if devices is not None and devices not in ("all", "chains") and not (
-            isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1
+        if (
+            devices is not None
+            and devices not in ("all", "chains")
+            and not (isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1)
         ):
             raise ValueError(
                 f"devices must be None, 'all', 'chains' or a positive number of devices, got "
@@ -213,7 +242,11 @@ class SGMCMCStep(BlockedStep):
             raise ValueError(f"minibatch must be 'blocks' or 'random', got {minibatch!r}.")
         self.minibatch: MinibatchScheme = minibatch
         value_vars = {v.name: v for v in model.value_vars}
-        self.vars = [value_vars[info.name] for info in self.problem.var_infos]
+        # The locals are this step's too (their draws come from q), so that pm.sample does not
+        # assign them another step method.
+        self.vars = [value_vars[info.name] for info in self.problem.var_infos] + [
+            value_vars[name] for name in self.problem.local_names
+        ]
         self.rng = get_random_generator(rng)
         self.tune = True
         self.chain_state: Any = None
@@ -241,6 +274,68 @@ class SGMCMCStep(BlockedStep):
                     if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD
                 }
         return names - {"self", "rng", "blocked", "initial_point", "compile_kwargs"}
+
+    _supports_locals: ClassVar[bool] = True  # SAGA-LD / SVRG-LD: per-row gradient state
+
+    def _setup_locals(
+        self,
+        family: str | None,
+        num_mc_samples: int | None,
+        learning_rate: Any,
+        data: Any,
+        devices: Any,
+    ) -> Hybrid | None:
+        """Validate the local-variable options; the :class:`~pymc_sgmcmc.variational.Hybrid`
+        that treats the locals, or None without ``local_vars``."""
+        problem = self.problem
+        if not problem.local_names:
+            given = {
+                "local_family": family,
+                "num_mc_samples": num_mc_samples,
+                "local_learning_rate": learning_rate,
+            }
+            named = [k for k, v in given.items() if v is not None]
+            if named:
+                raise ValueError(
+                    f"{named} apply to local_vars, which were not given. Pass local_vars=[...] "
+                    "(the local latent variables to treat variationally) or drop them."
+                )
+            return None
+        if not self._supports_locals:
+            raise ModelNotSupportedError(
+                f"{type(self).__name__} keeps per-row gradients of the position, which local "
+                "variables drawn afresh at every iteration would make random; use SGLD, "
+                "ConstantSGD, IASG or SGFS with local_vars."
+            )
+        if data is not None or devices not in (None, 1):
+            raise ModelNotSupportedError(
+                "local_vars cannot be combined with out-of-core data= or devices= yet: the "
+                "locals' variational parameters live with the chain on one device."
+            )
+        family = "meanfield" if family is None else family
+        if family not in LOCAL_FAMILIES:
+            raise ValueError(f"local_family must be one of {LOCAL_FAMILIES}, got {family!r}.")
+        num_mc_samples = 4 if num_mc_samples is None else num_mc_samples
+        if (
+            isinstance(num_mc_samples, bool)
+            or int(num_mc_samples) != num_mc_samples
+            or num_mc_samples < 1
+        ):
+            raise ValueError(f"num_mc_samples must be a positive integer, got {num_mc_samples!r}.")
+        rate = as_schedule(0.1 if learning_rate is None else learning_rate, "local_learning_rate")
+        fixed_names = [v.name for v in problem.fixed_infos]
+        infos = {v.name: v for v in problem.fixed_infos}
+        layout = LocalLayout(
+            names=problem.local_names,
+            shapes=tuple(infos[n].shape for n in problem.local_names),
+            dtypes=tuple(infos[n].dtype for n in problem.local_names),
+            slots=tuple(fixed_names.index(n) for n in problem.local_names),
+        )
+        shapes = dict(self.stats_dtypes_shapes)
+        shapes["elbo"] = (np.float64, [])
+        self.stats_dtypes_shapes = shapes
+        self.stats_dtypes = [{k: dtype for k, (dtype, _) in shapes.items()}]
+        return Hybrid(layout, family, int(num_mc_samples), rate)  # type: ignore[arg-type]
 
     # -- PyMC protocol ----------------------------------------------------------------------
     @staticmethod
@@ -333,7 +428,27 @@ class SGMCMCStep(BlockedStep):
             "dtype": self.problem.dtype,
             "divergence_step_factor": self._shrink,
             "devices": self._device_summary(),
+            **self._local_settings(),
         }
+
+    def _local_settings(self) -> dict[str, Any]:
+        """With ``local_vars``: the hybrid's settings and, once tuned, q's frozen parameters
+        (``"variational"``, moved into the ``variational`` group by ``pm.sample``)."""
+        hybrid = self.hybrid
+        if hybrid is None:
+            return {}
+        out: dict[str, Any] = {
+            "local_vars": list(hybrid.layout.names),
+            "local_family": hybrid.family_name,
+            "num_mc_samples": hybrid.num_mc_samples,
+            "local_learning_rate": repr(hybrid.learning_rate),
+        }
+        params = self.variational_parameters()
+        if params is not None and not self.tune:
+            out["variational"] = {
+                name: {k: v.tolist() for k, v in values.items()} for name, values in params.items()
+            }
+        return out
 
     def _device_summary(self) -> Any:
         if self._chain_device is not None:
@@ -372,6 +487,16 @@ class SGMCMCStep(BlockedStep):
         unroll = 4 if self._unroll_scan and thin >= 4 and small else 1
         logdensity = fns["logdensity"]
         iteration = self._make_iteration(fns, kernel_step, data)
+        init = self._make_init(fns, kernel_init)
+        hybrid = self.hybrid
+        if hybrid is not None:
+            ip = problem.model.initial_point()
+            batch0 = None
+            if not streaming and not sharded:
+                batch0 = draw_minibatch(jax.random.PRNGKey(0), data, n, b, scheme)
+            hybrid.build(fns, problem.fixed_values(ip), jnp.asarray(problem.ravel(ip)), batch0)
+            iteration = self._hybrid_iteration(kernel_step)
+            init = self._hybrid_init(fns, init)
 
         def finish(
             state, position_sum, grad_sum, loss_fn, grad_norms, step_size, fixed, params, emit_key
@@ -407,7 +532,13 @@ class SGMCMCStep(BlockedStep):
                 "first_nonfinite": jnp.where(jnp.all(grad_ok), thin, jnp.argmin(grad_ok)),
             }
             stats.update(self._draw_stats(state, fixed, params))
-            return state, self._emit(state, position_sum / thin, emit_key, fixed), stats
+            emitted = self._emit(state, position_sum / thin, emit_key, fixed)
+            if hybrid is not None:
+                # Each saved draw of the globals is paired with a draw of the locals from q.
+                params_q = state.local["params"]
+                local_draw = hybrid.draw_locals(emitted, params_q, fixed, emit_key)
+                emitted = jnp.concatenate([emitted, local_draw.astype(emitted.dtype)])
+            return state, emitted, stats
 
         def draw(key, state, data, fixed, params):
             # All of a draw's randomness in two vectorised calls before the scan: per-iteration
@@ -421,6 +552,13 @@ class SGMCMCStep(BlockedStep):
             row_ids = jax.vmap(lambda r: minibatch_row_ids(r, n, b, scheme))(indices)
             next_row_ids = jnp.roll(row_ids, -1, axis=0)
             state = self._start_draw(state, row_ids[0])
+            if hybrid is not None:
+                local = {
+                    **state.local,
+                    "key": jax.random.fold_in(key_noise, 2),
+                    "elbo_sum": jnp.zeros_like(state.local["elbo_sum"]),
+                }
+                state = HybridState(state.kernel, local)
 
             def body(carry, xs):
                 state, position_sum, grad_sum = carry
@@ -534,15 +672,40 @@ class SGMCMCStep(BlockedStep):
                 return draw_minibatch(key_rows, piece, n0, noise_rows, "random")
             return draw_minibatch(key_rows, data, n, noise_rows, "random")
 
-        def noise(key, position, fixed, data, full):
-            # Per-example gradients by vmap; unbiased sample (co)variance. Also the diagonal
-            # Hessian of the potential on the same rows: exact (one Hessian-vector product
-            # per unit vector) up to 64 dimensions, else Hutchinson's estimator
+        def tuning_logdensity(fixed, local_params, key):
+            # What tuning measures: the sampler's log-density, or with local variables the
+            # ELBO estimate at q's current parameters and one fixed set of draws ε (so that
+            # its curvature is that of the density the globals are sampled from).
+            if hybrid is None:
+                return lambda th, batch: logdensity(th, fixed, batch)
+            eps = hybrid.draw_eps(key, problem.dtype)
+            return lambda th, batch: hybrid.elbo(th, local_params, fixed, batch, eps)
+
+        def noise(key, position, fixed, data, full, local_params):
+            # Per-example gradients by vmap; unbiased sample (co)variance. With local
+            # variables the estimator's own noise instead: the covariance of NOISE_REPEATS
+            # ELBO gradients at fresh minibatches and draws of the locals, in per-datum units
+            # (x B/N²) — per-example gradients at fixed locals miss both the minibatch noise
+            # that reaches the globals through q(z | θ) and the Monte Carlo noise. Also the
+            # diagonal Hessian of the potential on the same rows: exact (one Hessian-vector
+            # product per unit vector) up to 64 dimensions, else Hutchinson's estimator
             # diag(H) ≈ mean_z z ⊙ Hz over 16 Rademacher probes.
             key_rows, key_probe = jax.random.split(key)
             batch = tuning_rows(key_rows, data)
-            c = gradient_noise(fns["per_example_grads"](position, fixed, batch), full=full)
-            grad_u = jax.grad(lambda th: -fns["logdensity"](th, fixed, batch))
+            if hybrid is None:
+                c = gradient_noise(fns["per_example_grads"](position, fixed, batch), full=full)
+            else:
+
+                def one_estimate(k):
+                    k_rows, k_eps = jax.random.split(k)
+                    rows = draw_minibatch(k_rows, data, n, b, scheme)
+                    eps = hybrid.draw_eps(k_eps, problem.dtype)
+                    return jax.grad(hybrid.elbo)(position, local_params, fixed, rows, eps)
+
+                keys = jax.random.split(jax.random.fold_in(key_rows, 7), NOISE_REPEATS)
+                c = gradient_noise(jax.lax.map(one_estimate, keys), full=full) * (b / n**2)
+            target = tuning_logdensity(fixed, local_params, key_probe)
+            grad_u = jax.grad(lambda th: -target(th, batch))
             dim = position.shape[0]
             if dim <= EXACT_DIAG_MAX_DIM:
                 probes = jnp.eye(dim, dtype=position.dtype)  # exact diagonal
@@ -552,12 +715,13 @@ class SGMCMCStep(BlockedStep):
             scale = 1.0 if dim <= EXACT_DIAG_MAX_DIM else 1.0 / probes.shape[0]
             return c, scale * jnp.sum(probes * hvp, axis=0)
 
-        def spectral_radius(key, position, fixed, data, precond):
+        def spectral_radius(key, position, fixed, data, precond, local_params):
             # Largest |eigenvalue| of P·H (H the potential's Hessian on a block of rows) by 20
             # power iterations of Hessian-vector products. SGD is stable iff it is < 2.
             key_rows, key_v = jax.random.split(key)
             batch = tuning_rows(key_rows, data)
-            grad_u = jax.grad(lambda th: -fns["logdensity"](th, fixed, batch))
+            target = tuning_logdensity(fixed, local_params, jax.random.fold_in(key_v, 1))
+            grad_u = jax.grad(lambda th: -target(th, batch))
 
             def power(v, _):
                 w = apply_preconditioner(precond, jax.jvp(grad_u, (position,), (v,))[1])
@@ -586,7 +750,8 @@ class SGMCMCStep(BlockedStep):
             "draw_chunk": jax.jit(draw_chunk),
             "finish": jax.jit(finish_streamed),
             "initial_loss": jax.jit(initial_loss),
-            "init": jax.jit(self._make_init(fns, kernel_init)),
+            "init": jax.jit(init),
+            "freeze": jax.jit(self._make_freeze(fns)) if hybrid is not None else None,
             "noise": jax.jit(noise, static_argnames="full"),
             "spectral_radius": jax.jit(spectral_radius),
             "data": data,
@@ -727,8 +892,7 @@ class SGMCMCStep(BlockedStep):
         draw_index = self._draw_index
         self._draw_index += 1
         for attempt in range(DIVERGENCE_RETRIES + 1):
-            params = self._params(int(state.iteration))
-            params["ref_loss"] = np.asarray(self._ref_loss, dtype=self.problem.dtype)
+            params = self._draw_params(int(state.iteration))
             new_key, new_state, emitted, stats = self._run_draw(
                 key, state, fixed, params, draw_index
             )
@@ -805,12 +969,150 @@ class SGMCMCStep(BlockedStep):
         return state.position
 
     def _unravel_emitted(self, emitted: np.ndarray) -> dict[str, np.ndarray]:
-        """The point (value variables by name) of an emitted vector (see :meth:`_emit`)."""
-        return self.problem.unravel(emitted)
+        """The point (value variables by name) of an emitted vector (see :meth:`_emit`):
+        the sampled variables, then (with ``local_vars``) the draw of the locals."""
+        if self.hybrid is None:
+            return self.problem.unravel(emitted)
+        dim = self.problem.dim
+        point = self.problem.unravel(emitted[:dim])
+        layout = self.hybrid.layout
+        parts = layout.unravel(np.asarray(emitted[dim:]))
+        for name, part, dtype in zip(layout.names, parts, layout.dtypes, strict=True):
+            point[name] = part.astype(dtype)
+        return point
 
     def _draw_stats(self, state: Any, fixed: tuple, params: dict) -> dict[str, Any]:
-        """Hook (traced): extra per-draw stats computed inside the compiled draw."""
-        return {}
+        """Hook (traced): extra per-draw stats computed inside the compiled draw —
+        with ``local_vars`` the ``elbo``, averaged over the draw's iterations."""
+        if self.hybrid is None:
+            return {}
+        return {"elbo": state.local["elbo_sum"] / self.thin}
+
+    def _draw_params(self, iteration: int) -> dict[str, Any]:
+        """Everything the compiled draw takes as ``params`` for the draw starting at
+        ``iteration``: the sampler's own (:meth:`_params`), the divergence reference loss
+        and, with ``local_vars``, q's learning rate (zero after tuning: q is frozen)."""
+        dtype = self.problem.dtype
+        params = self._params(iteration)
+        params["ref_loss"] = np.asarray(self._ref_loss, dtype=dtype)
+        if self.hybrid is not None:
+            rate = float(self.hybrid.learning_rate(iteration)) if self.tune else 0.0
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(
+                    f"local_learning_rate is a natural-gradient step in (0, 1]; it gave {rate} "
+                    f"at iteration {iteration}."
+                )
+            params["local_rate"] = np.asarray(rate, dtype=dtype)
+        return params
+
+    def _hybrid_iteration(self, kernel_step: Callable) -> Callable:
+        """The iteration with local variables: the kernel moves the globals along the
+        gradient of the K-sample ELBO estimate; while tuning q takes a natural-gradient step
+        (:meth:`pymc_sgmcmc.variational.Hybrid.step`)."""
+        import jax
+
+        hybrid = self.hybrid
+        assert hybrid is not None
+
+        def iteration(normal, state, batch, row_ids, next_row_ids, fixed, params):
+            key = jax.random.fold_in(state.local["key"], state.iteration)
+            _, grad, local = hybrid.step(
+                state.position, state.local, fixed, batch, key, params["local_rate"]
+            )
+            kernel_state, info = kernel_step(normal, state.kernel, lambda _: grad, params)
+            return HybridState(kernel_state, local), info, grad
+
+        return iteration
+
+    def _hybrid_init(self, fns: dict[str, Callable], kernel_init: Callable) -> Callable:
+        """The chain's initial state with local variables: the kernel's, and q initialised
+        at the point's locals with the curvature of the full-data log-density there."""
+
+        hybrid = self.hybrid
+        assert hybrid is not None
+        full_loglik = self._full_loglik(fns)
+
+        def init(position, data, fixed):
+            curvature = hybrid.curvature(
+                position, fixed, lambda z: full_loglik(position, fixed, data, z)
+            )
+            local = hybrid.init_local(position, fixed, curvature)
+            return HybridState(kernel_init(position, data, fixed), local)
+
+        return init
+
+    def _make_freeze(self, fns: dict[str, Callable]) -> Callable:
+        """``freeze(state, data, fixed, key) -> state`` at the end of tuning
+        (:meth:`pymc_sgmcmc.variational.Hybrid.refine`)."""
+        import jax
+
+        hybrid = self.hybrid
+        assert hybrid is not None
+        full_loglik = self._full_loglik(fns)
+
+        def freeze(state, data, fixed, key):
+            theta = state.position
+            local = hybrid.refine(
+                theta,
+                state.local,
+                fixed,
+                lambda z: full_loglik(theta, fixed, data, z),
+                jax.random.fold_in(key, 4),
+            )
+            return HybridState(state.kernel, local)
+
+        return freeze
+
+    def _full_loglik(self, fns: dict[str, Callable]) -> Callable:
+        """``full_loglik(position, fixed, data, z)``: the full-data log-likelihood with the
+        locals at ``z``, in chunks of ``B`` laid-out rows (each row once)."""
+        import jax
+        import jax.numpy as jnp
+
+        hybrid = self.hybrid
+        assert hybrid is not None
+        b = self.batch_size
+        starts, masks = full_data_chunks(self.problem.data_size, b)
+        loglik_rows = fns["loglik_rows"]
+
+        def full_loglik(position, fixed, data, z):
+            with_z = hybrid.layout.insert(fixed, z)
+
+            def chunk(total, xs):
+                start, mask = xs
+                rows = tuple(jax.lax.dynamic_slice_in_dim(a, start, b, axis=0) for a in data)
+                return total + jnp.sum(mask * loglik_rows(position, with_z, rows)), None
+
+            total, _ = jax.lax.scan(chunk, jnp.zeros((), position.dtype), (starts, masks))
+            return total
+
+        return full_loglik
+
+    def stop_tuning(self) -> None:
+        super().stop_tuning()
+        if self.hybrid is not None and self.chain_state is not None:
+            # q is frozen (refined on the full data from its average over the last tuning
+            # iterations): the sampling draws of the globals then come from one fixed
+            # density, exp ELBO(θ).
+            compiled = self._compile()
+            key, state = self.chain_state
+            self.chain_state = (
+                key,
+                compiled["freeze"](state, compiled["data"], self._last_fixed, key),
+            )
+
+    def variational_parameters(self) -> dict[str, dict[str, np.ndarray]] | None:
+        """q's parameters of the chain sampled last in this process, by local variable
+        (``{name: {parameter: array shaped like the variable}}``), or None."""
+        if self.hybrid is None or self.chain_state is None:
+            return None
+        params = self.chain_state[1].local["params"]
+        layout = self.hybrid.layout
+        out: dict[str, dict[str, np.ndarray]] = {name: {} for name in layout.names}
+        for key, value in params.items():
+            for name, part in zip(layout.names, layout.unravel(np.asarray(value)), strict=True):
+                out[name][key] = part
+        return out
 
     def _extra_stats(self, state: Any) -> dict[str, Any]:
         """Sampler-specific stats of a draw (declared in ``stats_dtypes_shapes``)."""
@@ -827,7 +1129,9 @@ class SGMCMCStep(BlockedStep):
         key = compiled["jax"].random.fold_in(key, 2)
         precond = np.asarray(precond, dtype=self.problem.dtype)
         data = self._tuning_data(key)
-        radius = float(compiled["spectral_radius"](key, position, fixed, data, precond))
+        radius = float(
+            compiled["spectral_radius"](key, position, fixed, data, precond, self._tuning_local())
+        )
         if not np.isfinite(radius):
             return 1.0
         return 1.0 / max(1.0, radius)
@@ -839,8 +1143,17 @@ class SGMCMCStep(BlockedStep):
         ``position``, from one block of rows (host arrays)."""
         compiled = self._compile()
         key = compiled["jax"].random.fold_in(key, 1)
-        c, h = compiled["noise"](key, position, fixed, self._tuning_data(key), full=full)
+        data = self._tuning_data(key)
+        c, h = compiled["noise"](
+            key, position, fixed, data, full=full, local_params=self._tuning_local()
+        )
         return np.asarray(c), np.asarray(h)
+
+    def _tuning_local(self) -> Any:
+        """q's current parameters for the tuning functions (None without local variables)."""
+        if self.hybrid is None or self.chain_state is None:
+            return None
+        return self.chain_state[1].local["params"]
 
 
 class _PreconditionedSGD(SGMCMCStep):
@@ -1527,6 +1840,7 @@ class SGLD(SGMCMCStep):
                     fixed,
                     self._tuning_data(key3),
                     np.asarray(1.0, dtype=self.problem.dtype),
+                    self._tuning_local(),
                 )
             )
             if np.isfinite(radius) and radius > 0:
