@@ -20,6 +20,7 @@ from pymc_sgmcmc.bridge import MinibatchProblem, build_problem
 from pymc_sgmcmc.compare import compare, plot_compare
 from pymc_sgmcmc.errors import DataShapeError, DivergenceError, ModelNotSupportedError
 from pymc_sgmcmc.recording import DrawWriter, read_draws
+from pymc_sgmcmc.sampling import sample
 from pymc_sgmcmc.sgfs import SGFS
 from pymc_sgmcmc.step_methods import IASG, SGLD, ConstantSGD, SGMCMCStep
 from pymc_sgmcmc.variance_reduced import SAGALD, SVRGLD
@@ -43,6 +44,7 @@ __all__ = [
     "compare",
     "plot_compare",
     "read_draws",
+    "sample",
     "schedules",
 ]
 
