@@ -111,3 +111,36 @@ def numpyro_nuts(build: Callable[[], pm.Model], **sample_kwargs):
             os.environ.pop("XLA_FLAGS", None)
         else:
             os.environ["XLA_FLAGS"] = saved
+
+
+# -- both drivers: pm.sample(step=...) and pmsg.sample(step=...) ----------------------------
+
+
+class SamplePath:
+    """Runs a step method through one of the two drivers with pm.sample's arguments.
+
+    ``"pm.sample"``: ``pm.sample(step=..., **kwargs)``. ``"pmsg.sample"``: the vectorised
+    driver with the same arguments; ``cores`` keeps its meaning (cores used: one group of
+    vmapped chains per core), so ``cores=1`` runs all chains as one vmapped batch."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, **kwargs):
+        if self.name == "pm.sample":
+            return pm.sample(**kwargs)
+        import pymc_sgmcmc as pmsg
+
+        return pmsg.sample(**kwargs)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+SAMPLE_PATHS = ("pm.sample", "pmsg.sample")
+
+
+@pytest.fixture(params=SAMPLE_PATHS)
+def sample_path(request) -> SamplePath:
+    """A statistical test run once through each driver (same seeds, same tolerances)."""
+    return SamplePath(request.param)
