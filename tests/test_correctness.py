@@ -1,5 +1,8 @@
 """Statistical checks against closed-form posteriors and NUTS.
 
+Each test runs through ``pm.sample(step=...)`` and through the vectorised ``pmsg.sample``
+(the ``sample_path`` fixture): the same seeds, the same tolerances.
+
 Tolerances: a posterior mean estimated from draws with effective sample size ESS has Monte
 Carlo sd ``sd/√ESS``; a marginal sd has relative Monte Carlo sd ``≈ 1/√(2 ESS)``. Each test
 asserts the issue's thresholds (0.15 posterior sd on means, 15% on sds) *and* that the run's
@@ -36,10 +39,10 @@ def _assert_matches(draws_mean, draws_sd, ref_mean, ref_sd, ess):
     assert np.all(np.abs(sd_ratio - 1) < SD_TOL), f"sd ratios: {sd_ratio}"
 
 
-def test_sgld_recovers_the_conjugate_posterior(regression_10k):
+def test_sgld_recovers_the_conjugate_posterior(regression_10k, sample_path):
     reg = regression_10k
     with reg.model():
-        idata = pm.sample(
+        idata = sample_path(
             # Plain SGLD at a 5% variance bias mixes slowly (ESS ≈ 0.03 per pass here), so
             # this needs ~20 000 passes for ESS ≳ 550.
             draws=10_000,
@@ -55,8 +58,9 @@ def test_sgld_recovers_the_conjugate_posterior(regression_10k):
     _assert_matches(beta.mean(0), beta.std(0), reg.mean, reg.sd, _min_ess(idata))
 
 
-def test_multi_output_model_against_nuts():
-    """Two observed variables sharing X, plus one full-batch observed variable."""
+@pytest.fixture(scope="module")
+def multi_output():
+    """Two observed variables sharing X, plus one full-batch observed variable; NUTS draws."""
     rng = np.random.default_rng(3)
     n = 5_000
     X = rng.normal(size=(n, 2))
@@ -75,16 +79,24 @@ def test_multi_output_model_against_nuts():
             pm.Normal("z", a, 0.05, observed=np.array([0.21, 0.18, 0.22]))
         return model
 
-    kwargs = dict(chains=2, cores=1, progressbar=False, compute_convergence_checks=False)
     with build():
-        nuts = pm.sample(draws=1000, tune=500, random_seed=1, **kwargs)
+        nuts = pm.sample(draws=1000, tune=500, random_seed=1, **MULTI_OUTPUT_SAMPLE)
+    return build, nuts
+
+
+MULTI_OUTPUT_SAMPLE = dict(chains=2, cores=1, progressbar=False, compute_convergence_checks=False)
+
+
+def test_multi_output_model_against_nuts(multi_output, sample_path):
+    """Two observed variables sharing X, plus one full-batch observed variable."""
+    build, nuts = multi_output
     with build():
-        ours = pm.sample(
+        ours = sample_path(
             draws=10_000,
             tune=300,
             step=pmsg.SGLD(batch_size=100),
             random_seed=2,
-            **{**kwargs, "cores": 2},
+            **{**MULTI_OUTPUT_SAMPLE, "cores": 2},
         )
     for var in ("beta", "a", "s"):
         ref = nuts.posterior[var].values.reshape(2000, -1)

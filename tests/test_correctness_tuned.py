@@ -1,6 +1,8 @@
 """Automatically tuned samplers against exact and NUTS posteriors (Mandt et al. 2017).
 
-Tolerances as in ``test_correctness.py``: means within 0.15 posterior sd, marginal sds within
+Each test runs through ``pm.sample(step=...)`` and ``pmsg.sample`` (the ``sample_path``
+fixture), but for the digits example, which runs the example's own code. Tolerances as in
+``test_correctness.py``: means within 0.15 posterior sd, marginal sds within
 15%, correlations within 0.1, each asserted together with an ESS large enough that the
 threshold is at least 3.5 Monte Carlo sds (a correlation ρ has MC sd ≈ (1 − ρ²)/√ESS).
 """
@@ -62,11 +64,11 @@ def _check_gaussian(draws, mean, cov, ess, correlations=True):
         pytest.param(lambda: pmsg.IASG(batch_size=100), id="iasg"),
     ],
 )
-def test_exact_posterior_of_a_d10_regression(regression_d10, make_step):
+def test_exact_posterior_of_a_d10_regression(regression_d10, make_step, sample_path):
     reg = regression_d10
     with reg.model():
         step = make_step()
-        idata = pm.sample(draws=1200, tune=50, step=step, **SAMPLE)
+        idata = sample_path(draws=1200, tune=50, step=step, **SAMPLE)
     ess = _ess(idata, "beta")
     _check_gaussian(_flat(idata, "beta"), reg.mean, reg.cov, ess)
     if isinstance(step, pmsg.IASG):
@@ -78,11 +80,13 @@ def test_exact_posterior_of_a_d10_regression(regression_d10, make_step):
         assert 0.85 <= passes.mean() <= 1.0
 
 
-def test_scalar_constant_sgd_matches_the_ou_prediction_for_theorem_1_rate(regression_d10):
+def test_scalar_constant_sgd_matches_the_ou_prediction_for_theorem_1_rate(
+    regression_d10, sample_path
+):
     reg = regression_d10
     n, batch = reg.X.shape[0], 100
     with reg.model():
-        idata = pm.sample(
+        idata = sample_path(
             draws=3000,
             tune=50,
             step=pmsg.ConstantSGD(batch_size=batch, preconditioner="scalar"),
@@ -104,28 +108,33 @@ def test_scalar_constant_sgd_matches_the_ou_prediction_for_theorem_1_rate(regres
         )
 
 
-def test_temperature_scales_the_posterior_covariance(regression_d10):
+def test_temperature_scales_the_posterior_covariance(regression_d10, sample_path):
     reg = regression_d10
     with reg.model():
-        idata = pm.sample(
+        idata = sample_path(
             draws=1200, tune=50, step=pmsg.IASG(batch_size=100, temperature=2.0), **SAMPLE
         )
     ess = _ess(idata, "beta")
     _check_gaussian(_flat(idata, "beta"), reg.mean, 2.0 * reg.cov, ess)
 
 
-def test_iasg_logistic_regression_against_nuts():
+@pytest.fixture(scope="module")
+def iasg_logistic():
     build = logistic_model(50_000, 5, seed=5, scales=[1.0, 0.5, 2.0, 1.0, 1.0])
-    nuts = numpyro_nuts(build, draws=1000, tune=500, **SAMPLE)
+    return build, numpyro_nuts(build, draws=1000, tune=500, **SAMPLE)
+
+
+def test_iasg_logistic_regression_against_nuts(iasg_logistic, sample_path):
+    build, nuts = iasg_logistic
     with build():
-        ours = pm.sample(draws=1200, tune=30, step=pmsg.IASG(batch_size=500), **SAMPLE)
+        ours = sample_path(draws=1200, tune=30, step=pmsg.IASG(batch_size=500), **SAMPLE)
     ref = _flat(nuts, "beta")
     ess = min(_ess(ours, "beta"), _ess(nuts, "beta"))
     _check_gaussian(_flat(ours, "beta"), ref.mean(0), np.cov(ref, rowvar=False), ess)
     assert _ess(ours, "beta") / 2400 >= 0.5
 
 
-def test_variational_em_finds_the_empirical_bayes_prior_precision():
+def test_variational_em_finds_the_empirical_bayes_prior_precision(sample_path):
     """Mandt §4.2 on a model where the answer is closed-form.
 
     Linear regression with a prior precision λ on the weights: the empirical-Bayes λ maximises
@@ -154,7 +163,7 @@ def test_variational_em_finds_the_empirical_bayes_prior_precision():
         b = pm.Normal("b", 0, sigma=1 / pm.math.sqrt(lam), shape=d)
         pm.Normal("y", pm.Data("X", X) @ b, 1.0, observed=y)
         step = pmsg.ConstantSGD(batch_size=100, hyper_vars=[lam])
-        idata = pm.sample(draws=100, tune=1000, step=step, **{**SAMPLE, "chains": 1})
+        idata = sample_path(draws=100, tune=1000, step=step, **{**SAMPLE, "chains": 1})
     found = idata.posterior["lam"].values
     assert np.all(found == found[0, 0]), "the hyperparameter is frozen after tuning"
     # The hyperprior Gamma(1, 1e-3) shifts the optimum by a factor (d - 2e-3 λ)/d ≈ 1.
@@ -167,7 +176,9 @@ def test_variational_em_selects_the_validation_optimal_prior_precision_on_digits
     """Mandt et al. §7.3: multinomial logistic regression on scikit-learn's digits (1797 × 64,
     shipped with the package), prior precision λ on the weights. Variational EM's λ must be
     within a factor 3 of the λ minimising validation log-loss on a grid (MAP fits by
-    scikit-learn). Uses ``examples/vem_digits.py`` itself, which also draws the docs figure.
+    scikit-learn). Uses ``examples/vem_digits.py`` itself, which also draws the docs figure
+    (through pm.sample only: it tests the example; variational EM through pmsg.sample is the
+    test above).
     """
     import importlib.util
     from pathlib import Path

@@ -2,7 +2,8 @@
 the stationary distribution against the exact posterior (full) and Corollary 6's Lyapunov
 prediction (diagonal).
 
-Statistical tolerances as in ``test_correctness_tuned.py``: means within 0.15 posterior sd and
+The tests through a driver run through ``pm.sample(step=...)`` and ``pmsg.sample`` (the
+``sample_path`` fixture). Statistical tolerances as in ``test_correctness_tuned.py``: means within 0.15 posterior sd and
 sds within 15% (variances within 15% for the Lyapunov test), each asserted together with an
 ESS large enough that the threshold is at least 3.5 Monte Carlo sds (a variance has relative
 Monte Carlo sd √(2/ESS)).
@@ -142,7 +143,7 @@ def test_arguments_are_checked(d4_model):
 
 
 @pytest.mark.parametrize("kind", ["diagonal", "full"])
-def test_h_max_bounds_the_step_where_the_gradient_variance_is_tiny(kind):
+def test_h_max_bounds_the_step_where_the_gradient_variance_is_tiny(kind, sample_path):
     """Feature 3 is scaled by 10⁻³: its per-datum gradient variance is ~10⁻⁶ and only the prior
     informs it, so its KL-optimal step (from the curvature-lifted noise h/N ≈ 5·10⁻⁴) is about
     0.1, 2000 times the others'. With h_max = 10⁻³ noise is injected there and H_33 = h_max
@@ -153,7 +154,7 @@ def test_h_max_bounds_the_step_where_the_gradient_variance_is_tiny(kind):
     kwargs = {**SAMPLE, "draws": 5, "tune": 10, "chains": 1}
     with model:
         step = SGFS(batch_size=b, preconditioner=kind, h_max=h_max)
-        idata = pm.sample(step=step, **kwargs)
+        idata = sample_path(step=step, **kwargs)
     h = np.diag(step.precond_value) if kind == "full" else step.precond_value
     assert np.all(h <= h_max * (1 + 1e-6)), h
     np.testing.assert_allclose(h[3], h_max, rtol=0.01)  # 1% of the free step 0.1
@@ -198,13 +199,13 @@ def test_same_seed_same_draws(d4_model):
         pytest.param(0.5, 1500, id="h_max_injects"),
     ],
 )
-def test_sgfs_full_recovers_the_exact_posterior(regression_10k, h_max_factor, draws):
+def test_sgfs_full_recovers_the_exact_posterior(regression_10k, h_max_factor, draws, sample_path):
     reg = regression_10k
     n, b = reg.X.shape[0], 100
     h_max = None if h_max_factor is None else h_max_factor * 2 * b / n**2
     with reg.model():
         step = SGFS(batch_size=b, preconditioner="full", h_max=h_max)
-        idata = pm.sample(draws=draws, tune=50, step=step, **SAMPLE)
+        idata = sample_path(draws=draws, tune=50, step=step, **SAMPLE)
     beta = idata.posterior["beta"].values.reshape(-1, reg.X.shape[1])
     ess = float(az.ess(idata, var_names=["beta"])["beta"].min())
     assert 0.15 >= Z / np.sqrt(ess) and 0.15 >= Z / np.sqrt(2 * ess), f"ESS {ess:.0f}"
@@ -222,7 +223,7 @@ def test_sgfs_full_recovers_the_exact_posterior(regression_10k, h_max_factor, dr
 
 
 @pytest.mark.slow
-def test_sgfs_diagonal_matches_corollary_6_lyapunov_prediction(regression_10k):
+def test_sgfs_diagonal_matches_corollary_6_lyapunov_prediction(regression_10k, sample_path):
     """Features 3 and 4 are scaled by 0.5 (C_kk ≈ 1/4): their diagonal step 2B/(N²C_kk) is 4×
     the others', and h_max = 2× the others' caps it, injecting EE_kk ≈ N²C_kk/B. The
     stationary covariance solves H A_U Σ + Σ A_U H = H M H with M = N²C/B·(noise factor) +
@@ -235,7 +236,7 @@ def test_sgfs_diagonal_matches_corollary_6_lyapunov_prediction(regression_10k):
     h_max = 2 * (2 * b / n**2)
     with reg.model():
         step = SGFS(batch_size=b, preconditioner="diagonal", h_max=h_max)
-        idata = pm.sample(draws=2000, tune=50, step=step, **SAMPLE)
+        idata = sample_path(draws=2000, tune=50, step=step, **SAMPLE)
     ess = float(az.ess(idata, var_names=["beta"])["beta"].min())
     assert 0.15 >= Z * np.sqrt(2 / ess), f"ESS {ess:.0f}"
     (settings,) = json.loads(idata.posterior.attrs["sgmcmc_settings"])

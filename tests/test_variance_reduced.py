@@ -1,5 +1,6 @@
 """SAGA-LD and SVRG-LD (Dubey et al. 2016): exact kernel updates, unbiased estimators on a
-PyMC model's own gradients, and posteriors against NUTS."""
+PyMC model's own gradients, and posteriors against NUTS (through ``pm.sample(step=...)`` and
+``pmsg.sample``: the ``sample_path`` fixture)."""
 
 from __future__ import annotations
 
@@ -151,10 +152,10 @@ def test_bad_arguments_are_refused(small_logistic):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cls", [pmsg.SAGALD, pmsg.SVRGLD])
-def test_logistic_regression_against_nuts(cls, logistic_nuts):
+def test_logistic_regression_against_nuts(cls, logistic_nuts, sample_path):
     build, ref = logistic_nuts
     with build():
-        ours = pm.sample(draws=1000, tune=100, step=cls(batch_size=200), **SAMPLE)
+        ours = sample_path(draws=1000, tune=100, step=cls(batch_size=200), **SAMPLE)
     stats = ours.sample_stats
     assert not stats["diverging"].any()
     ess = min(_ess(ours, "beta"), float(ref.shape[0]) / 2)
