@@ -114,7 +114,12 @@ def layout_shards(
 
 
 def block_rows(data_size: int, batch_size: int, max_relative_error: float = 0.01) -> int:
-    """Sub-block length ``s``: the largest divisor of ``B`` with ``√(2s/N) ≤ max_relative_error``."""
+    """Sub-block length ``s``: the largest divisor of ``B`` with ``√(2s/N) ≤ max_relative_error``,
+    or ``N`` when ``B = N``: one block of ``N`` contiguous rows of the shuffled layout is every
+    row exactly once (the exact full-data gradient, rotated), not ``N`` rows drawn with
+    replacement."""
+    if batch_size >= data_size:
+        return data_size
     limit = max(1, int(data_size * max_relative_error**2 / 2))
     return max(d for d in range(1, batch_size + 1) if batch_size % d == 0 and d <= limit)
 

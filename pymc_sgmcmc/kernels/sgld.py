@@ -5,7 +5,9 @@ r"""Stochastic-gradient Langevin dynamics (Welling & Teh 2011) and pSGLD (Li et 
     \theta_{t+1} = \theta_t + \frac{\epsilon_t}{2} G_t \nabla \log \hat p(\theta_t)
                  + \mathcal N(0,\ \epsilon_t\, T\, G_t)
 
-with :math:`G_t = I` (plain SGLD) or the RMSprop preconditioner (pSGLD, Li et al. eq. 4–5)
+with :math:`G_t = I` (plain SGLD), a fixed preconditioner ``G`` (diagonal or dense, e.g. the
+inverse Hessian of the potential estimated while tuning; fixed, so no correction term is
+needed) or the RMSprop preconditioner (pSGLD, Li et al. eq. 4–5)
 
 .. math::
 
@@ -34,7 +36,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from pymc_sgmcmc.kernels.preconditioning import preconditioned_noise
+from pymc_sgmcmc.kernels.preconditioning import (
+    apply_preconditioner,
+    preconditioned_noise,
+    standard_normal,
+)
 
 __all__ = ["SGLDInfo", "SGLDState", "init", "step"]
 
@@ -66,6 +72,8 @@ def step(
     alpha: float = 0.99,
     damping: float = 1e-5,
     normal: jax.Array | None = None,
+    preconditioner: jax.Array | None = None,
+    preconditioner_sqrt: jax.Array | None = None,
 ) -> tuple[SGLDState, SGLDInfo]:
     """One (p)SGLD step.
 
@@ -88,6 +96,10 @@ def step(
     normal
         A pre-drawn standard normal shaped like the position, used instead of ``rng_key``
         (drivers draw all of a draw's noise in one vectorised call).
+    preconditioner, preconditioner_sqrt
+        A fixed ``G``: ``(D,)`` diagonal or ``(D, D)`` SPD, and optionally a square root
+        ``S`` with ``S Sᵀ = G`` for the noise (else ``√G`` or its Cholesky factor is taken
+        at every step). Ignored with ``rmsprop``.
 
     Examples
     --------
@@ -101,11 +113,18 @@ def step(
     if rmsprop:
         square_avg = alpha * state.square_avg + (1.0 - alpha) * grad * grad
         precond = 1.0 / (damping + jnp.sqrt(square_avg))
+        drift = 0.5 * step_size * precond * grad
+        noise = preconditioned_noise(rng_key, precond, grad, normal)
     else:
         square_avg = state.square_avg
-        precond = None
-    drift = 0.5 * step_size * (grad if precond is None else precond * grad)
-    noise = jnp.sqrt(step_size * temperature) * preconditioned_noise(rng_key, precond, grad, normal)
+        drift = 0.5 * step_size * apply_preconditioner(preconditioner, grad)
+        if preconditioner_sqrt is not None:
+            noise = apply_preconditioner(
+                preconditioner_sqrt, standard_normal(rng_key, grad, normal)
+            )
+        else:
+            noise = preconditioned_noise(rng_key, preconditioner, grad, normal)
+    noise = jnp.sqrt(step_size * temperature) * noise
     position = state.position + drift + noise
     info = SGLDInfo(jnp.asarray(step_size), jnp.linalg.norm(grad))
     return SGLDState(position, square_avg, state.iteration + 1), info
