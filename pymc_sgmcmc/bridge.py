@@ -643,8 +643,10 @@ def build_problem(
         # Observed values given as a pm.Data container of another dtype (an integer container
         # under a Bernoulli) arrive wrapped in a Cast: its rows are the container's.
         owner = var.owner
-        if owner is not None and isinstance(owner.op, Elemwise) and isinstance(
-            owner.op.scalar_op, ScalarCast
+        if (
+            owner is not None
+            and isinstance(owner.op, Elemwise)
+            and isinstance(owner.op.scalar_op, ScalarCast)
         ):
             var = owner.inputs[0]
         value = _data_leaf_value(var)

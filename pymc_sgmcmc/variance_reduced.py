@@ -36,6 +36,7 @@ class _VarianceReducedLD(SGLD):
     """
 
     _streams = False  # SAGA's table and SVRG's anchor need the data in memory
+    _supports_locals = False  # per-row gradients of θ that locals drawn afresh make random
 
     def __init__(self, vars: Any = None, *, step_size: Any = "auto", **kwargs: Any) -> None:
         if kwargs.get("preconditioner") is not None:

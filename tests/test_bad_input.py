@@ -343,6 +343,25 @@ def test_vars_naming_something_not_free_is_refused(entry, fragment):
             pmsg.SGLD(vars=[entry])
 
 
+@pytest.mark.parametrize(
+    ("entry", "fragment"),
+    [
+        ("y", r"'y', which is an observed variable"),
+        ("b_sum", r"'b_sum', which is a Deterministic"),
+        ("X", r"'X', which is a data container \(pm\.Data\)"),
+        ("bb", r"'bb', which is not the name of any variable of the model \(did you mean 'b'\?\)"),
+    ],
+)
+def test_local_vars_naming_something_not_free_is_refused(entry, fragment):
+    """Issue 7: ``local_vars`` that are not free variables name the variable and the fix."""
+    model = _regression()
+    with model:
+        with pytest.raises(
+            ValueError, match=rf"`local_vars` contains {fragment}.*from \['b', 's'\]"
+        ):
+            pmsg.SGLD(local_vars=[entry])
+
+
 def test_vars_accepts_free_variables_value_variables_and_their_names():
     model = _regression()
     for entry in (model["s"], "s", model.rvs_to_values[model["s"]], "s_log__"):
