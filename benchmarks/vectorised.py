@@ -1,0 +1,156 @@
+"""Vectorised chains: wall time of ``pmsg.sample`` with 1 and 4 chains (issue 6).
+
+On one logistic regression (``N`` rows, ``D`` features, float64, ``B = 256``: one draw is one
+pass, ``N/B`` iterations) each sampler runs ``tune`` + ``draws`` draws per chain:
+
+- ``pmsg.sample(chains=1)`` and ``pmsg.sample(chains=4)`` (default ``cores``: on this
+  machine's CPU the 4 chains are two vmapped groups of 2, one thread each), and
+  ``pmsg.sample(chains=4, cores=1)`` (all 4 chains in one vmapped batch, one core);
+- for reference ``pm.sample(step=..., chains=4, cores=2)`` (two worker processes, each
+  compiling its own draw) and ``pm.sample(step=..., chains=1, cores=1)``.
+
+Each row runs in a fresh interpreter: a first call on a fresh step object (compilation plus
+sampling), then a second identical call on the same step object (its compiled functions
+kept: sampling only); their difference is about the compilation. The ratio column divides
+each second call by the 1-chain ``pmsg.sample`` one. The goal of issue 6 is 4 vectorised
+chains in less than 2x one chain. ``pm.sample(cores=2)`` compiles in its worker processes at
+every call (a step's compiled functions are not sent to them), so both its columns include
+compilation.
+
+Other processes' CPU use during the run is measured (``/proc/stat``); above 0.1 core on
+average the table is marked contaminated.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/vectorised.py                  # N = 1e5, appends to RESULTS.md
+    .venv/bin/python benchmarks/vectorised.py --n 20000 --out -
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import platform
+import resource
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import REPO, append_section, git_state, run_script  # noqa: E402
+from throughput import system_busy_seconds  # noqa: E402
+
+_RUN = textwrap.dedent(
+    """
+    import json, sys, time, logging
+    import numpy as np, pymc as pm, pymc_sgmcmc as pmsg
+    logging.getLogger("pymc").setLevel(logging.ERROR)
+    sampler, driver, n, d, chains, cores, draws, tune = sys.argv[1:9]
+    n, d, chains, cores, draws, tune = (int(v) for v in (n, d, chains, cores, draws, tune))
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(n, d))
+    y = (rng.random(n) < 1 / (1 + np.exp(-X @ (0.3 * rng.normal(size=d))))).astype(np.int64)
+    with pm.Model():
+        beta = pm.Normal("beta", 0, 1, shape=d)
+        pm.Bernoulli("y", logit_p=pm.Data("X", X) @ beta, observed=y)
+        step = getattr(pmsg, sampler)(batch_size=256)
+        run = pmsg.sample if driver == "pmsg.sample" else pm.sample
+        kw = dict(step=step, draws=draws, tune=tune, chains=chains, cores=cores,
+                  random_seed=1, progressbar=False, compute_convergence_checks=False)
+        times = []
+        for _ in range(2):
+            t = time.perf_counter()
+            idata = run(**kw)
+            times.append(time.perf_counter() - t)
+    assert idata.posterior["beta"].shape == (chains, draws, d)
+    print("RESULT" + json.dumps({"first": times[0], "second": times[1]}))
+    """
+)
+
+CONFIGS = (  # (driver, chains, cores)
+    ("pmsg.sample", 1, 1),
+    ("pmsg.sample", 4, 2),
+    ("pmsg.sample", 4, 1),
+    ("pm.sample", 1, 1),
+    ("pm.sample", 4, 2),
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--d", type=int, default=20)
+    parser.add_argument("--draws", type=int, default=300)
+    parser.add_argument("--tune", type=int, default=100)
+    parser.add_argument("--samplers", default="SGLD,IASG")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "RESULTS.md"))
+    args = parser.parse_args()
+
+    busy0, wall0 = system_busy_seconds(), time.perf_counter()
+    own0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    rows = []
+    for sampler in args.samplers.split(","):
+        base = None
+        for driver, chains, cores in CONFIGS:
+            result = run_script(
+                _RUN, sampler, driver, args.n, args.d, chains, cores, args.draws, args.tune
+            )
+            base = base or result["second"]  # the first config: pmsg.sample, one chain
+            ratio = result["second"] / base
+            rows.append((sampler, driver, chains, cores, result["first"], result["second"], ratio))
+            print(
+                f"{sampler} {driver} chains={chains} cores={cores}: first {result['first']:.2f} s,"
+                f" compiled {result['second']:.2f} s ({ratio:.2f}x)",
+                flush=True,
+            )
+    own = sum(
+        getattr(usage, f) - getattr(usage0, f)
+        for usage, usage0 in zip(
+            (
+                resource.getrusage(resource.RUSAGE_SELF),
+                resource.getrusage(resource.RUSAGE_CHILDREN),
+            ),
+            own0,
+            strict=True,
+        )
+        for f in ("ru_utime", "ru_stime")
+    )
+    others = max(system_busy_seconds() - busy0 - own, 0.0) / (time.perf_counter() - wall0)
+
+    lines = [
+        f"### {_dt.date.today().isoformat()}, N = {args.n:,}, D = {args.d}, B = 256, "
+        f"{args.tune} tuning + {args.draws} draws per chain",
+        "",
+        f"- git: {git_state()}; machine: {platform.platform()}, {os.cpu_count()} CPUs, python "
+        f"{platform.python_version()}",
+        f"- other processes kept {others:.2f} cores busy on average during the run"
+        + (" — TIMINGS CONTAMINATED, rerun on an idle machine" if others > 0.1 else ""),
+        "- first call: a fresh step (compilation + sampling); compiled: the same call again on "
+        "the same step object (pm.sample with cores=2 compiles in its workers every time); "
+        "compilation: their difference. Ratio: compiled time over one chain of pmsg.sample.",
+        "",
+        "| sampler | driver | chains | cores | first call (s) | compiled (s) | compilation (s) "
+        "| ratio to 1 chain |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {s} | `{drv}` | {c} | {k} | {first:.2f} | {second:.2f} | {first - second:.2f} "
+        f"| {ratio:.2f}x |"
+        for s, drv, c, k, first, second, ratio in rows
+    ]
+    section = "\n".join(lines) + "\n"
+    print(section)
+    if args.out != "-":
+        append_section(
+            Path(args.out),
+            section,
+            "## Vectorised chains: pmsg.sample (issue 6)",
+            "`benchmarks/vectorised.py`: 1 vs 4 chains through `pmsg.sample` (vmapped chains, "
+            "one compiled loop per chunk of draws) and, for reference, `pm.sample`.",
+        )
+
+
+if __name__ == "__main__":
+    main()
