@@ -8,7 +8,8 @@ i.e. :math:`\theta \leftarrow \theta - H \hat g + \xi` with :math:`\xi \sim \mat
 EE^\top H)`: Mandt's eq. 26 with the injected noise written in gradient units. ``H`` is the
 KL-optimal preconditioner for the total gradient noise :math:`M = N^2 C/B + EE^\top`
 (Theorem 5, Corollary 6) and the injected noise follows Mandt's stability rule for a largest
-step ``h_max``. Notation (N-scale potential, per-datum noise ``C``) as in ``ALGORITHMS.md``.
+step ``h_max``. Notation (N-scale potential, per-datum noise ``C``) as on the samplers page
+of the documentation.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@ r"""Online estimates that tune the samplers: gradient-noise covariance and step 
 
 Gradient noise. With per-example gradients :math:`g_n = \nabla \log p(x_n \mid \theta)`
 of a minibatch, the unbiased sample covariance estimates the per-datum covariance
-:math:`C = \mathrm{Cov}_n[g_n]` (``../ALGORITHMS.md``, notation). Estimates taken at successive
-draws are averaged with weight :math:`\kappa_t = 1/t` (a running mean), which Mandt et al.
-(2017, §4.1, eq. 21) use to smooth the noisy per-minibatch estimate.
+:math:`C = \mathrm{Cov}_n[g_n]` (the notation of the documentation's samplers page).
+Estimates taken at successive draws are averaged with weight :math:`\kappa_t = 1/t` (a running
+mean), which Mandt et al. (2017, §4.1, eq. 21) use to smooth the noisy per-minibatch estimate.
 """
 
 from __future__ import annotations

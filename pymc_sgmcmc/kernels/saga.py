@@ -1,8 +1,9 @@
 r"""SAGA Langevin dynamics (Dubey et al. 2016, Algorithm 1).
 
-A table holds one stored gradient :math:`g_i = \nabla \log p(x_i \mid \alpha_i)` per datum,
-taken at the position :math:`\alpha_i` where datum :math:`i` was last visited, and their sum
-:math:`\bar g = \sum_i g_i`. With the minibatch :math:`S` of :math:`B` rows,
+Following [1]_, a table holds one stored gradient :math:`g_i = \nabla \log p(x_i \mid
+\alpha_i)` per datum, taken at the position :math:`\alpha_i` where datum :math:`i` was last
+visited, and their sum :math:`\bar g = \sum_i g_i`. With the minibatch :math:`S` of
+:math:`B` rows,
 
 .. math::
 

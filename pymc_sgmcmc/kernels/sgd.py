@@ -10,8 +10,9 @@ with :math:`\mu = 1` for plain SGD, i.e. :math:`\theta \leftarrow \theta - P \ha
 scalar ``step_size`` times an optional preconditioner (``(D,)`` diagonal or ``(D, D)``
 matrix). Near a mode the iterates are an Ornstein–Uhlenbeck process whose stationary
 covariance Σ solves :math:`P A_U \Sigma + \Sigma A_U P = P (N^2 C / B) P` (Mandt, Hoffman &
-Blei 2017, §4.1, eq. 12); with momentum damping μ the stationary covariance is that of plain
-SGD with :math:`P / \mu` (§4.3), so the KL-optimal rate with momentum is :math:`\mu P^*`.
+Blei 2017 [1]_, §4.1, eq. 12); with momentum damping μ the stationary covariance is that of
+plain SGD with :math:`P / \mu` (§4.3), so the KL-optimal rate with momentum is
+:math:`\mu P^*`.
 
 References
 ----------

@@ -5,18 +5,18 @@ r"""Stochastic-gradient Langevin dynamics (Welling & Teh 2011) and pSGLD (Li et 
     \theta_{t+1} = \theta_t + \frac{\epsilon_t}{2} G_t \nabla \log \hat p(\theta_t)
                  + \mathcal N(0,\ \epsilon_t\, T\, G_t)
 
-with :math:`G_t = I` (plain SGLD), a fixed preconditioner ``G`` (diagonal or dense, e.g. the
-inverse Hessian of the potential estimated while tuning; fixed, so no correction term is
-needed) or the RMSprop preconditioner (pSGLD, Li et al. eq. 4–5)
+with :math:`G_t = I` (plain SGLD [1]_), a fixed preconditioner ``G`` (diagonal or dense,
+e.g. the inverse Hessian of the potential estimated while tuning; fixed, so no correction term
+is needed) or the RMSprop preconditioner (pSGLD, Li et al. eq. 4–5)
 
 .. math::
 
     V_{t} = \alpha V_{t-1} + (1-\alpha)\, \hat g_t \odot \hat g_t, \qquad
     G_t = \operatorname{diag}\!\big(1 / (\lambda + \sqrt{V_t})\big),
 
-dropping the :math:`\Gamma` correction term as Li et al. recommend. ``T`` is the temperature
-(``T = 1`` samples the posterior; Smith et al. 2018). With a constant step the stationary
-covariance is inflated over the posterior by a term proportional to
+dropping the :math:`\Gamma` correction term as Li et al. [2]_ recommend. ``T`` is the
+temperature (``T = 1`` samples the posterior; Smith et al. 2018). With a constant step the
+stationary covariance is inflated over the posterior by a term proportional to
 :math:`\epsilon N^2 C / B` (Mandt et al. 2017, §5.1); a decreasing schedule
 :math:`\epsilon_t = a (b + t)^{-\gamma}` removes it asymptotically.
 

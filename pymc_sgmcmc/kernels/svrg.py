@@ -1,8 +1,9 @@
 r"""SVRG Langevin dynamics (Dubey et al. 2016, Algorithm 2).
 
-Every ``anchor_every`` iterations the current position becomes the anchor :math:`\tilde\theta`
-and the full-data log-likelihood gradient :math:`\tilde g = \sum_n \nabla \log p(x_n \mid
-\tilde\theta)` is computed (one pass over the data). In between,
+Following [1]_: every ``anchor_every`` iterations the current position becomes the anchor
+:math:`\tilde\theta` and the full-data log-likelihood gradient
+:math:`\tilde g = \sum_n \nabla \log p(x_n \mid \tilde\theta)` is computed (one pass over
+the data). In between,
 
 .. math::
 
