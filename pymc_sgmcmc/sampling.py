@@ -160,8 +160,6 @@ def sample(
     """
     from pymc.backends import init_traces
     from pymc.initial_point import make_initial_point_fns_per_chain
-    from pymc.progress_bar import MCMCProgressBarManager
-    from pymc.sampling.parallel import Draw
     from pymc.util import get_random_generator
 
     model = pm.modelcontext(model)
@@ -190,6 +188,43 @@ def sample(
         tune=tune,
     )
 
+    # In a function of its own: the chains' copies and device state are gone when the result
+    # is built (a traceback kept until exit would otherwise hold JAX arrays past JAX's own
+    # teardown: seen as a segfault at exit after Ctrl-C during tuning).
+    stopped, t_sampling = _run_chains(
+        step, traces, points, rngs, draws, tune, cores, chunks, progressbar, callback
+    )
+    return _sample_return(
+        step,
+        stopped,
+        traces=traces,
+        tune=tune,
+        t_sampling=t_sampling,
+        discard_tuned_samples=discard_tuned_samples,
+        compute_convergence_checks=compute_convergence_checks,
+        idata_kwargs=idata_kwargs or {},
+        model=model,
+    )
+
+
+def _run_chains(
+    step: SGMCMCStep,
+    traces: list,
+    points: list[dict],
+    rngs: list,
+    draws: int,
+    tune: int,
+    cores: int | None,
+    chunks: int,
+    progressbar: bool | str,
+    callback: Callable | None,
+) -> tuple[dict[int, DivergenceError], float]:
+    """Tune and sample every chain into ``traces``; the chains stopped by a divergence and
+    the sampling time. ``step`` is left as after ``pm.sample(cores=1)``."""
+    from pymc.progress_bar import MCMCProgressBarManager
+    from pymc.sampling.parallel import Draw
+
+    chains = len(traces)
     compiled = step._compile()
     # Draws run in the compiled loop after tuning (the first draw of a chain also tunes).
     looped = draws - (1 if tune == 0 else 0)
@@ -260,17 +295,7 @@ def sample(
             trace.close()
     t_sampling = time.time() - t_start
     _adopt_last_chain(step, runners)
-    return _sample_return(
-        step,
-        stopped,
-        traces=traces,
-        tune=tune,
-        t_sampling=t_sampling,
-        discard_tuned_samples=discard_tuned_samples,
-        compute_convergence_checks=compute_convergence_checks,
-        idata_kwargs=idata_kwargs or {},
-        model=model,
-    )
+    return stopped, t_sampling
 
 
 def _sample_frozen(
