@@ -114,10 +114,11 @@ def sample(
         The groups of ``pm.sample(step=step)``: ``posterior`` (free variables on their
         constrained scale and deterministics, with the model's coords/dims),
         ``sample_stats`` (``step_size``, ``data_passes``, ``minibatch_loss``, ``grad_norm``,
-        ``diverging``, ``tune`` and the sampler's own, e.g. ``hyper_*``), ``observed_data``,
-        ``constant_data`` and, with ``discard_tuned_samples=False``, the warmup groups;
-        attrs ``sampling_time``, ``tuning_steps``, ``sgmcmc_samplers`` and
-        ``sgmcmc_settings`` (each chain's tuned settings under ``"chains"``).
+        ``diverging`` and the sampler's own, e.g. ``hyper_*``, ``elbo``), ``observed_data``,
+        ``constant_data``, with ``discard_tuned_samples=False`` the warmup groups and with
+        ``local_vars`` the ``variational`` group; attrs ``sampling_time``, ``tuning_steps``,
+        ``sgmcmc_samplers`` and ``sgmcmc_settings`` (each chain's tuned settings under
+        ``"chains"``). Built by PyMC's own code for ``pm.sample``'s result.
 
     Raises
     ------
@@ -127,7 +128,11 @@ def sample(
         draw flagged ``diverging`` — as ``pm.sample(cores=1)`` does. Raised at once if a
         tuning draw still diverges after its step was halved several times.
     ModelNotSupportedError
-        Out-of-core ``data=`` or ``devices=`` steps (use ``pm.sample``).
+        The step does not sample every free variable (a compound step needs ``pm.sample``),
+        or reads out-of-core ``data=``, or has ``devices=`` (use ``pm.sample``).
+    TypeError, ValueError
+        Not one step method of this package; the step built for another model; ``draws``,
+        ``tune``, ``chains``, ``cores`` or ``chunks`` out of range.
 
     Notes
     -----
@@ -138,13 +143,14 @@ def sample(
     the same injected noise. The arithmetic need not be bitwise the same: XLA compiles the
     vmapped draw into a different program (batched products, fused differently), whose
     floating-point results may differ in the last bits. Measured (float64, XLA:CPU,
-    ``tests/test_sampling.py``): SGLD, IASG, ConstantSGD, SGFS and SAGA-LD give bitwise the
-    same draws, stats and tuned settings as ``pm.sample``, SVRG-LD's differ by about 1e-16
-    relative; the tests assert 1e-9. The chains are not chaotic, so rounding differences stay
-    at rounding level, but host-side decisions taken from these numbers (a tuning draw judged
-    diverging, which halves its step) could in principle go the other way on a knife edge,
-    and the chains then differ from there on. The same seed gives bitwise the same draws with
-    ``pmsg.sample`` again, whatever ``cores``.
+    ``tests/test_sampling.py``): SGLD, IASG, ConstantSGD, SGFS and SAGA-LD give bit for bit
+    the draws and tuned settings of ``pm.sample`` (some stats differ by ~1e-16 relative),
+    SVRG-LD's draws differ by ~1e-16 relative; the tests assert 1e-9. The chains are not
+    chaotic, so rounding differences stay at rounding level, but host-side decisions taken
+    from these numbers (a tuning draw judged diverging, which halves its step) could in
+    principle go the other way on a knife edge, and the chains then differ from there on. The
+    same seed and ``cores`` give bit for bit the same draws with ``pmsg.sample`` again;
+    another ``cores`` groups the chains differently and may round differently.
 
     **Cost.** The tuning draws take one host round-trip each (all chains together: the
     per-chain noise estimates run in the chains' threads, the draw is one vmapped call per
