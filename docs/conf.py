@@ -46,6 +46,7 @@ myst_heading_anchors = 3
 
 # autodoc / autosummary
 autosummary_generate = True
+autosummary_ignore_module_all = False  # a module page lists what its __all__ exports
 autodoc_default_options = {"members": True, "member-order": "bysource"}
 autodoc_typehints = "none"  # the signatures carry the types; numpydoc renders the prose
 autodoc_preserve_defaults = True

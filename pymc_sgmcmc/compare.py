@@ -67,7 +67,7 @@ def compare(
         order, deterministics included (they are what a user reads off the posterior, and
         their agreement is part of the comparison; a deterministic that is an affine function
         of other variables makes the joint covariance singular, which the Gaussian KL
-        handles, see :func:`gaussian_kl`).
+        handles, see :func:`~pymc_sgmcmc.compare.gaussian_kl`).
     max_draws
         At most this many draws of each set (a random subset without replacement, the same
         ``seed`` for both) enter the energy distance, whose cost is quadratic in the draws.
@@ -95,20 +95,20 @@ def compare(
             ``pm.sample`` writes, tuning included); NaN without it;
         ``ess_per_pass``
             ``ess`` over the data passes spent on the kept draws, summed over chains
-            (:func:`data_passes`); NaN without a ``data_passes`` stat.
+            (:func:`~pymc_sgmcmc.compare.data_passes`); NaN without a ``data_passes`` stat.
 
         and ``attrs``:
 
         ``gaussian_kl``
             :math:`\mathrm{KL}(q \,\|\, p)` between Gaussians with the means and covariances
             (``ddof=1``) of our draws (:math:`q`) and the reference draws (:math:`p`) over
-            all rows jointly, :func:`gaussian_kl`; ``inf`` when one of them is degenerate in
+            all rows jointly, :func:`~pymc_sgmcmc.compare.gaussian_kl`; ``inf`` when one of them is degenerate in
             a direction where the other is not;
         ``gaussian_kl_dim``
             the dimension it was computed in (below the number of rows when the reference
             covariance is singular);
         ``energy_distance``
-            :func:`energy_distance` between the two sets of draws, each coordinate divided by
+            :func:`~pymc_sgmcmc.compare.energy_distance` between the two sets of draws, each coordinate divided by
             its reference sd first, so it is in units of reference sds and scale-free;
         ``energy_distance_draws``
             the number of draws of (ours, reference) it used;
@@ -379,7 +379,7 @@ def data_passes(idata: az.InferenceData) -> float:
 
 
 class ComparisonFigures(NamedTuple):
-    """The figures of :func:`plot_compare`."""
+    """The figures of :func:`~pymc_sgmcmc.plot_compare`."""
 
     density: Any
     """Marginal densities of both sets, one panel per scalar parameter (matplotlib Figure)."""

@@ -19,7 +19,7 @@ class DivergenceError(SamplingError):
     """A chain produced a non-finite position, loss or gradient.
 
     Raised by ``pm.sample`` when a chain diverged after tuning: the chain was stopped there and
-    the draws sampled before it — of every chain — are in :attr:`idata` (the diverged draw is
+    the draws sampled before it — of every chain — are in its ``idata`` (the diverged draw is
     flagged ``diverging=True`` in ``sample_stats``). Raised at once when a tuning draw still
     diverged after its step was halved several times.
 

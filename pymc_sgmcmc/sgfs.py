@@ -121,7 +121,7 @@ class SGFS(ConstantSGD):
     **Stability rule** (Mandt, after Corollary 6). With ``h_max`` set, noise is injected where
     the gradient variance is small, so that :math:`H_{kk} \le h_{max}`:
     :math:`EE^\top_{kk} = \max(0,\, 2/h_{max} - N^2 C_{kk}/B)`
-    (:func:`sgfs_noise_floor`; times the temperature). For ``"diagonal"`` this makes
+    (:func:`~pymc_sgmcmc.sgfs.sgfs_noise_floor`; times the temperature). For ``"diagonal"`` this makes
     :math:`H_{kk} = \min(h_{max}, 2B/(N^2 C_{kk}))` exactly. For ``"full"`` the rule floors the
     diagonal of ``M``, and :math:`H_{kk} = 2/(M_{kk}(1 - R_k^2))` with :math:`R_k^2` the squared
     multiple correlation of coordinate ``k`` with the others in ``M``: ``H_kk = h_max`` for a

@@ -80,7 +80,9 @@ class SAGALD(_VarianceReducedLD):
     Parameters
     ----------
     step_size
-        ``"auto"`` (default; see :class:`_VarianceReducedLD`), a float or a schedule.
+        ``"auto"`` (default): SGLD's bias rule without the gradient-noise term, which the
+        estimator removes, ``ε = 4·target_bias / max_k h_kk`` (``h`` the potential's
+        diagonal Hessian); a float or a schedule.
     target_bias, search_draws, temperature, batch_size, thin, ...
         As for :class:`pymc_sgmcmc.SGLD`.
 
@@ -168,7 +170,7 @@ class SVRGLD(_VarianceReducedLD):
         Iterations between anchors (default ``N/B``: one anchor pass per ``N/B`` steps, so
         that the anchor passes cost a third of the total).
     step_size, target_bias, search_draws, temperature, batch_size, thin, ...
-        As for :class:`SAGALD`.
+        As for :class:`~pymc_sgmcmc.SAGALD`.
 
     References
     ----------
