@@ -106,8 +106,9 @@ class SGMCMCStep(BlockedStep):
         ``jax.distributed`` every device of every host) or a number ``k`` (the first ``k``):
         each iteration's minibatch is split across them and the gradient is summed over
         devices (data-parallel, :mod:`jax.sharding`); each device holds ``1/k`` of the rows.
-        ``batch_size`` must be a multiple of ``k``. See :func:`pymc_sgmcmc.minibatch.
-        layout_shards` for the (unbiased, stratified) estimator. ``"chains"``: each chain
+        ``batch_size`` must be a multiple of ``k``. See
+        :func:`~pymc_sgmcmc.minibatch.layout_shards` for the (unbiased, stratified)
+        estimator. ``"chains"``: each chain
         runs on one device, chain ``c`` on device ``c mod k`` — with ``pm.sample(cores=k)``
         the chains of a multi-GPU host run side by side, one per device.
     local_vars
@@ -436,7 +437,7 @@ class SGMCMCStep(BlockedStep):
 
     def settings(self) -> dict[str, Any]:
         """The sampler's settings and tuned values, JSON-ready; ``pm.sample`` stores them in
-        the ``posterior`` and ``sample_stats`` attrs (see :mod:`pymc_sgmcmc._hooks`)."""
+        the ``posterior`` and ``sample_stats`` attrs (see ``pymc_sgmcmc._hooks``)."""
         return {
             "sampler": type(self).__name__,
             "batch_size": self.batch_size,
@@ -1498,14 +1499,15 @@ class ConstantSGD(_PreconditionedSGD):
     :math:`P A_U \Sigma + \Sigma A_U P = P (N^2 C / B) P` (§4.1).
 
     Tuning (``step_size="auto"``, the default) estimates the per-datum gradient covariance
-    ``C`` online and sets the KL-optimal preconditioner (:func:`pymc_sgmcmc.tuning.
-    kl_optimal_preconditioner`): ``"scalar"`` :math:`2BD/(N^2 \operatorname{Tr} C)`
+    ``C`` online and sets the KL-optimal preconditioner
+    (:func:`~pymc_sgmcmc.tuning.kl_optimal_preconditioner`): ``"scalar"`` :math:`2BD/(N^2 \operatorname{Tr} C)`
     (Theorem 1), ``"diagonal"`` :math:`2B/(N^2 C_{kk})` (Corollary 3), ``"full"``
     :math:`(2B/N^2) C^{-1}` (Theorem 2; its stationary covariance is the Laplace posterior
     :math:`A_U^{-1}` when :math:`A = C`). It is multiplied by ``temperature`` (Σ scales with P)
     and, with momentum, by μ (the stationary covariance of damped SGD at ``P`` is that of
     plain SGD at :math:`P/\mu`, §4.3). The first ``search_draws`` tuning draws reach the
-    mode first (see :class:`_PreconditionedSGD`).
+    mode first, with IASG's large preconditioned rate :math:`P = (0.5/N)\hat C^{-1}`
+    re-estimated at each draw.
 
     Parameters
     ----------

@@ -11,11 +11,15 @@ reparameterisation, and θ moves along the gradient of the evidence lower bound
     \mathcal L(\theta, \phi) = \log p(\theta)
         + \mathbb E_{q_\phi(z\mid\theta)}\big[\log p(x, z \mid \theta) - \log q_\phi(z \mid \theta)\big]
 
-estimated with ``K = num_mc_samples`` draws :math:`z_k = g_\phi(\theta, \varepsilon_k)` (and
-with the sampler's minibatch for the rows of x). While tuning, φ ascends the same objective by
-natural-gradient steps (:class:`Hybrid`); at the end of tuning it is frozen (its average over the last iterations), so that the
-sampling draws of θ come from the fixed density :math:`\exp \mathcal L(\theta, \phi)`, and each
-saved θ is paired with one draw :math:`z \sim q_\phi(\cdot \mid \theta)`.
+estimated with ``K = num_mc_samples`` draws :math:`z_k = g_\phi(\theta, \varepsilon_k)` in
+antithetic pairs (and with the sampler's minibatch for the rows of x). At every iteration φ
+takes a natural-gradient step on the same objective, a conjugate-computation update [4]_ over
+the same draws (:class:`Hybrid`), so that q keeps following the globals and θ is sampled
+from :math:`\max_\phi \mathcal L(\theta, \phi)` — as in stochastic variational inference
+[2]_ with the global step replaced by an SG-MCMC one. Each saved θ is paired with one draw
+:math:`z \sim q_\phi(\cdot \mid \theta)`. q starts at the Laplace approximation of
+:math:`p(z \mid \theta_0, x)`. With ``freeze_locals=True`` φ is instead refined with
+full-data steps and frozen at the end of tuning.
 
 Why the family must follow θ. :math:`\max_\phi \mathcal L(\theta, \phi) = \log p(\theta, x) -
 \min_\phi \mathrm{KL}(q_\phi \,\|\, p(z \mid \theta, x))`: the globals are sampled from their
@@ -28,13 +32,13 @@ shifted (the blog's SGLD + VI found σ ≈ 0.025 where NUTS finds ≈ 0.09). Two
 
 ``"meanfield"`` (default)
     :math:`q(z) = \mathcal N(m, \operatorname{diag}(e^{2\omega}))`, φ = (m, ω), independent of
-    θ: the classic Bayes-by-backprop family. Cheap and adequate when the locals are nearly
+    θ: the classic Bayes-by-backprop family [3]_. Cheap and adequate when the locals are nearly
     independent of each other and of the globals a posteriori; otherwise the globals coupled
     to them get too narrow a posterior (measured in the tests and the docs).
 ``"markov"``
     The Gaussian whose precision is the local prior's precision given the globals plus a
     learned diagonal, with learned pseudo-observations for the mean (the "site"
-    parameterisation of Opper & Archambeau 2009):
+    parameterisation of Opper & Archambeau [1]_):
 
     .. math::
 
@@ -81,6 +85,8 @@ import numpy as np
 from pymc_sgmcmc.errors import ModelNotSupportedError
 
 __all__ = [
+    "Hybrid",
+    "HybridState",
     "LocalFamily",
     "LocalLayout",
     "tridiagonal_cholesky",
