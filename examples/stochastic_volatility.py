@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import resource
 import time
 import warnings
@@ -611,6 +612,18 @@ def main(argv: list[str] | None = None) -> None:
     fits: dict[str, az.InferenceData] = {
         f"NUTS ({nuts.posterior.attrs.get('nuts_sampler', args.nuts_sampler)})": nuts
     }
+    report = [
+        f"S&P 500 log returns from the `arch` package: {len(returns)} days, "
+        f"{returns.index[0].date()} to {returns.index[-1].date()}. Run: `{_run_line(argv)}`, "
+        f"load average before the run {LOAD_AT_START:.1f}, git {_git_state()}.",
+        "",
+        f"NUTS ({nuts.posterior.attrs.get('nuts_sampler', args.nuts_sampler)}, "
+        f"{args.chains} chains, {args.tune} tune + {args.draws} draws): "
+        f"{wall_time(nuts):.1f} s wall, {nuts.posterior.attrs.get('cpu_time', float('nan')):.1f} s CPU.",
+        "",
+        markdown(ref),
+        "",
+    ]
     if not args.skip_hybrid:
         try:
             hybrid = fit_hybrid(
@@ -639,12 +652,70 @@ def main(argv: list[str] | None = None) -> None:
             n_met = int(table["met"].eq(True).sum())
             n_targets = int(table["met"].notna().sum())
             print(f"{n_met}/{n_targets} targets met")
+            report += [
+                f"Hybrid ({args.chains} chains, {args.hybrid_tune} tune + {args.hybrid_draws} "
+                f"draws of {args.hybrid_thin} iterations): {wall_time(hybrid):.1f} s wall, "
+                f"{hybrid.posterior.attrs['cpu_time']:.1f} s CPU.",
+                "",
+                markdown(posterior_table(hybrid)),
+                "",
+                f"Targets ({n_met}/{n_targets} met):",
+                "",
+                markdown(table),
+                "",
+            ]
 
     paths = [
         plot_volatility(returns, fits, args.out / "volatility_paths.png"),
         plot_globals(fits, args.out / "globals.png"),
     ]
     print("\nfigures: " + ", ".join(str(p) for p in paths))
+    (args.out / "results.md").write_text("\n".join(report))
+    print(f"tables: {args.out / 'results.md'}")
+
+
+LOAD_AT_START = os.getloadavg()[0]
+
+
+def markdown(frame: pd.DataFrame) -> str:
+    """A DataFrame as a markdown table (numbers to 4 significant digits)."""
+
+    def cell(value: object) -> str:
+        if isinstance(value, float | np.floating):
+            return f"{value:.4g}"
+        return str(value)
+
+    head = "| | " + " | ".join(str(c) for c in frame.columns) + " |"
+    rule = "|---|" + "---:|" * len(frame.columns)
+    rows = [
+        f"| {index} | " + " | ".join(cell(v) for v in row) + " |"
+        for index, row in zip(frame.index, frame.itertuples(index=False), strict=True)
+    ]
+    return "\n".join([head, rule, *rows])
+
+
+def _run_line(argv: list[str] | None) -> str:
+    import sys
+
+    return " ".join(["python examples/stochastic_volatility.py", *(argv or sys.argv[1:])])
+
+
+def _git_state() -> str:
+    import subprocess
+
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "pymc_sgmcmc", "examples"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" (with uncommitted changes)" if dirty else "")
 
 
 if __name__ == "__main__":

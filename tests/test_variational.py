@@ -184,8 +184,9 @@ def test_markov_locals_recover_the_exact_random_effects_posterior(sampler, mu_bi
 
 @pytest.mark.slow
 def test_meanfield_locals_get_the_means_right():
-    """The default family: q does not follow μ, so μ's sd is not asserted (it comes out too
-    narrow when the effects and μ are coupled a posteriori); the means are (acceptance)."""
+    """The default family: q does not follow μ by construction (it adapts while sampling, and
+    the minibatch noise of its updates widens the effects' draws), so only the means are
+    asserted (acceptance)."""
     model, mean, sd = grouped_effects(seed=4)
     with model:
         idata = pm.sample(
@@ -224,7 +225,8 @@ def test_row_aligned_locals_are_minibatched_with_their_rows():
     e = errors(idata, mean, sd, "z")
     assert abs(e["mu_err"]) < 0.2, e["mu_err"]
     assert np.max(np.abs(e["local_err"])) < 0.2, np.max(np.abs(e["local_err"]))
-    # The locals' sds: exact family, minibatch-noisy sites (ρ = 0.1 averages ~10 iterations).
+    # The locals' sds: exact family, frozen after full-data refinement (the default with
+    # minibatches); 1 500 sds, so the median is tight.
     assert abs(np.median(e["local_sd"]) - 1) < 0.05, np.median(e["local_sd"])
     assert abs(e["mu_sd"] - 1) < sd_tolerance(e["mu_ess"], 0.05), (e["mu_sd"], e["mu_ess"])
 
