@@ -1,7 +1,10 @@
-"""Demo: a Bayesian linear regression on generated data, sampled with SGLD and with NUTS.
+"""Demo: a Bayesian linear regression on generated data, sampled with IASG and with NUTS.
 
-Prints a side-by-side table of posterior means and sds (with the exact conjugate posterior
-as a third column) and writes ``demo_output/demo_posteriors.png``.
+Prints ``pmsg.compare(sg, nuts)`` — per parameter the SG and NUTS means and sds, the
+difference in NUTS sds, the sd ratio, ESS, ESS per second and per data pass — with the exact
+conjugate posterior beside them, and writes ``pmsg.plot_compare``'s figures to
+``demo_output/demo_posteriors.png`` (marginals, with the exact density) and
+``demo_output/demo_forest.png``.
 
 Run with ``./run demo`` (sets everything up), or ``python examples/demo.py --n 100000``.
 """
@@ -13,11 +16,9 @@ import time
 import warnings
 from pathlib import Path
 
-import arviz as az
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pymc as pm  # noqa: E402
@@ -32,7 +33,13 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=100_000, help="rows of generated data")
     parser.add_argument("--d", type=int, default=4, help="features")
     parser.add_argument("--batch-size", type=int, default=500)
-    parser.add_argument("--draws", type=int, default=2000)
+    parser.add_argument("--draws", type=int, default=1000)
+    parser.add_argument(
+        "--sampler",
+        default="IASG",
+        choices=["IASG", "SGLD", "ConstantSGD", "SGFS", "SAGALD", "SVRGLD"],
+        help="the SG step method (its defaults: it tunes itself)",
+    )
     parser.add_argument("--out", type=Path, default=Path("demo_output"))
     args = parser.parse_args()
 
@@ -53,7 +60,12 @@ def main() -> None:
     common = dict(chains=2, cores=1, random_seed=1, progressbar=True)
     with model():
         t0 = time.perf_counter()
-        sg = pm.sample(draws=args.draws, tune=300, step=pmsg.SGLD(batch_size=args.batch_size), **common)
+        sg = pm.sample(
+            draws=args.draws,
+            tune=300,
+            step=getattr(pmsg, args.sampler)(batch_size=args.batch_size),
+            **common,
+        )
         t_sg = time.perf_counter() - t0
     with model():
         t0 = time.perf_counter()
@@ -66,52 +78,40 @@ def main() -> None:
     cov = np.linalg.inv(precision)
     exact_mean, exact_sd = cov @ Z.T @ y, np.sqrt(np.diag(cov))
 
-    def flat(idata: az.InferenceData) -> np.ndarray:
-        post = idata.posterior
-        return np.column_stack(
-            [post["intercept"].values.reshape(-1), post["beta"].values.reshape(-1, args.d)]
-        )
-
-    sg_draws, nuts_draws = flat(sg), flat(nuts)
-    table = pd.DataFrame(
-        {
-            "exact mean": exact_mean,
-            "NUTS mean": nuts_draws.mean(0),
-            "SGLD mean": sg_draws.mean(0),
-            "exact sd": exact_sd,
-            "NUTS sd": nuts_draws.std(0),
-            "SGLD sd": sg_draws.std(0),
-            "SGLD−NUTS (NUTS sds)": (sg_draws.mean(0) - nuts_draws.mean(0)) / nuts_draws.std(0),
-            "SGLD/NUTS sd": sg_draws.std(0) / nuts_draws.std(0),
-        },
-        index=names,
-    )
+    # pmsg.compare: per scalar parameter, the SG sampler against NUTS (mean difference in NUTS sds, sd
+    # ratio, ESS, ESS per second and per data pass), and the joint Gaussian KL / energy
+    # distance in the attrs.
+    table = pmsg.compare(sg, nuts, var_names=["intercept", "beta"])
+    table.insert(2, "exact_mean", exact_mean)
+    table.insert(5, "exact_sd", exact_sd)
     pd.set_option("display.float_format", lambda v: f"{v:.4g}")
-    pd.set_option("display.width", 160)
+    pd.set_option("display.width", 200)
     print(f"\nLinear regression, N = {args.n:,}, D = {args.d + 1}, batch size {args.batch_size}")
+    print(f"{args.sampler} (mean, sd, ess...) against NUTS (ref_*) and the exact posterior:")
     print(table.to_string())
+    print(
+        f"joint: Gaussian KL({args.sampler} || NUTS) = {table.attrs['gaussian_kl']:.3g}, energy distance "
+        f"{table.attrs['energy_distance']:.3g} (in NUTS sds)"
+    )
     passes = float(sg.sample_stats["data_passes"].values[:, -1].mean())
     print(
-        f"\nSGLD: {t_sg:.1f} s for 2 chains ({passes:.0f} passes over the data each), "
+        f"\n{args.sampler}: {t_sg:.1f} s for 2 chains ({passes:.0f} passes over the data each), "
         f"step size {float(sg.sample_stats['step_size'].values[0, -1]):.3g} (automatic); "
         f"NUTS (PyMC default): {t_nuts:.1f} s."
     )
 
     args.out.mkdir(parents=True, exist_ok=True)
-    fig, axes = plt.subplots(1, len(names), figsize=(3 * len(names), 2.8))
-    for k, ax in enumerate(axes):
-        ax.hist(nuts_draws[:, k], bins=40, density=True, alpha=0.5, label="NUTS")
-        ax.hist(sg_draws[:, k], bins=40, density=True, alpha=0.5, label="SGLD")
+    figures = pmsg.plot_compare(
+        sg, nuts, var_names=["intercept", "beta"], labels=(args.sampler, "NUTS")
+    )
+    for ax, k in zip(figures.density.axes, range(len(names)), strict=False):
         grid = np.linspace(*ax.get_xlim(), 200)
-        ax.plot(grid, np.exp(-0.5 * ((grid - exact_mean[k]) / exact_sd[k]) ** 2)
-                / (exact_sd[k] * np.sqrt(2 * np.pi)), "k", lw=1, label="exact")
-        ax.set_title(names[k])
-        ax.set_yticks([])
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    path = args.out / "demo_posteriors.png"
-    fig.savefig(path, dpi=120)
-    print(f"figure: {path}")
+        density = np.exp(-0.5 * ((grid - exact_mean[k]) / exact_sd[k]) ** 2)
+        ax.plot(grid, density / (exact_sd[k] * np.sqrt(2 * np.pi)), "k:", lw=1, label="exact")
+    paths = [args.out / "demo_posteriors.png", args.out / "demo_forest.png"]
+    figures.density.savefig(paths[0], dpi=120)
+    figures.forest.savefig(paths[1], dpi=120)
+    print("figures: " + ", ".join(str(p) for p in paths))
 
 
 if __name__ == "__main__":
