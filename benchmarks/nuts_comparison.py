@@ -1,0 +1,1512 @@
+"""SG-MCMC against NUTS on Bayesian logistic regression: time to an accurate posterior (issue 6).
+
+One PyMC model, for every ``N`` in ``--sizes`` (default 10⁴, 10⁵, 10⁶), ``D = 20``::
+
+    with pm.Model():
+        beta = pm.Normal("beta", 0, 1, shape=20)
+        pm.Bernoulli("y", logit_p=pm.Data("X", X) @ beta, observed=y)
+
+on generated data (seed ``--seed``): standard-normal features standardised column by column,
+``β* ~ N(0, 0.5²)``, ``y ~ Bernoulli(σ(X β*))``. Every sampler below runs this model; every
+measurement runs in a fresh interpreter (``_report.run_script``), which regenerates the data,
+so nothing compiled or tuned is shared between runs.
+
+Reference
+    A long numpyro NUTS run per ``N`` (``--ref-chains`` × ``--ref-draws`` after ``--ref-tune``
+    warm-up draws), cached in ``--ref-dir`` (default ``/tmp``, outside the repository) as
+    ``bench_ref_N<N>_D<D>_seed<seed>_<chains>x<draws>.nc`` and reused when present (the
+    report says which). The timed runs never reuse it except to be compared with it.
+
+Time to accuracy (one row per sampler and N)
+    Wall time from before the step object is built (SG samplers: ``pmsg.IASG()`` etc. build
+    the bridge) or before ``pm.sample`` is called (NUTS) to its return — compilation, tuning
+    and warm-up included — of a run whose posterior passes all three criteria against the
+    reference: every ``|mean − ref mean| ≤ --mean-tol`` (0.1) reference sds, every sd within
+    ``--sd-tol`` (10%) of the reference sd, min bulk ESS ≥ ``--target-ess`` (400) over the 20
+    coefficients (``pmsg.compare``). Protocol: the first attempt's draws are predicted to give
+    ``1.25 × target`` ESS, from a prior ESS per draw per sampler at the first N and from the
+    ESS per draw the sampler reached at the previous N afterwards; a failed attempt is rerun
+    (fresh process, same seed) with ``max(2×, 1.25 × target / ESS ×)`` the draws (at most 8×),
+    at most ``--max-attempts`` times and while the next attempt is predicted to take less
+    than ``--max-attempt-seconds``; otherwise "not reached", with the time extrapolated from
+    the last attempt's ESS per second. The table reports the passing attempt's wall time, the
+    number of attempts and the wall time of all attempts together.
+
+    - SG samplers: ``pmsg.sample(step=pmsg.<Sampler>(), chains=--chains, ...)`` (4 vmapped
+      chains, two groups on the two cores), default settings (``batch_size = 256``, one pass
+      per draw) and the tuning length the sampler's documentation page uses (IASG 20; SGLD
+      300; the others 50). The ``--pm-sample-top`` fastest are rerun through
+      ``pm.sample(step=..., chains=--chains, cores=2)`` from the draws that passed.
+    - NUTS: ``pm.sample(nuts_sampler="numpyro" | "nutpie")`` and PyMC's default NUTS,
+      ``--nuts-chains`` chains (default 2: one per core, which is the fastest way to 400
+      ESS on two cores with 1000 warm-up draws per chain), default warm-up (1000) and
+      target acceptance. numpyro runs in its own process (``pymc.sampling.jax`` rewrites
+      ``XLA_FLAGS``). PyMC's default NUTS first makes a short run (100 + 100 draws); if the
+      full protocol is predicted to take more than ``--pymc-max-seconds`` its time to ``target``
+      ESS is extrapolated (marked so) from the short run's seconds per gradient evaluation
+      and the tree sizes and ESS per draw of its full run at the largest smaller N (or, if
+      none, the short run's own), accuracy not checked.
+
+    The ratio column is each wall time over the fastest NUTS's at the same N.
+
+ESS per data pass
+    min bulk ESS / the data passes of the kept draws (``pmsg.compare``'s ``ess_per_pass``;
+    passes summed over chains). For NUTS, a gradient evaluation is one pass: ESS / Σ
+    ``n_steps`` of the kept draws.
+
+Seconds per data pass (one chain, one core, ``B = --batch-size``, default 256 as the samplers)
+    - each SG sampler: ``pmsg.sample(chains=1)`` with a callback timestamping every draw: the
+      time of the draws after tuning (compiled during tuning) over their data passes; best
+      of two calls on the same step object (the second is compiled already);
+    - full-data gradient of the log-posterior: ``throughput.time_full_gradient`` (bridge)
+      and ``time_full_gradient_by_hand`` (hand-written ``jax.numpy``);
+    - the floor: a bare jitted ``lax.scan`` of SGLD over contiguous minibatch slices of a
+      once-shuffled copy with the hand-written gradient — ``throughput.make_bare_pass``
+      (offsets and noise drawn with ``split``/``randint``/``normal`` at every iteration), and
+      the same loop with them drawn once per pass before the scan, as the package does
+      (``floor_pass`` below; the lower of the two is "the floor");
+    - BlackJAX: ``blackjax.sgld`` with ``blackjax.sgmcmc.gradients.grad_estimator`` on the
+      same hand-written log-density (per-row log-likelihood, ``vmap``-ed by BlackJAX),
+      minibatches of ``B`` uniform random indices (``jax.random.randint``) gathered from the
+      data at every step, in a jitted ``lax.scan`` of ``ceil(N/B)`` steps.
+
+    Micro-benchmarks: best of ``--repeats`` of the mean of several calls after a compiling
+    call. Linearity: seconds per pass divided by ``N`` (per million rows) and the log-log slope
+    between the two largest sizes (1 = linear).
+
+Peak memory
+    Peak RSS (``resource.getrusage(...).ru_maxrss``) of each run's process minus its RSS after
+    its imports (before the data are made): the data, the model, compilation and sampling.
+    PyMC's default NUTS (and ``pm.sample(step=..., cores=2)``) sample in worker processes, whose
+    peak RSS (the largest one, their imports included) is reported separately.
+
+Load: every row records ``os.getloadavg()`` at its start and the CPU that *other* processes
+used while it ran (machine busy time from ``/proc/stat`` minus this run's own processes).
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/nuts_comparison.py --quick    # smoke run, N = 10⁴, prints only
+    .venv/bin/python benchmarks/nuts_comparison.py            # the full run (hours), appends
+                                                              # to RESULTS.md, writes the figure
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import resource
+import shlex
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import REPO, append_section, git_state, run_script  # noqa: E402
+
+HEADING = "## SG-MCMC vs NUTS: time to an accurate posterior (issue 6)"
+INTRO = (
+    "`benchmarks/nuts_comparison.py`: Bayesian logistic regression, D = 20; time to a posterior "
+    "within 0.1 sd on every mean and 10% on every sd of a long NUTS reference with ≥ 400 ESS, "
+    "for each SG sampler and for NUTS (PyMC, nutpie, numpyro); seconds per data pass against "
+    "a bare JAX loop, a full gradient and BlackJAX; peak memory. See its docstring."
+)
+SG_SAMPLERS = ("IASG", "IASG-lr3", "ConstantSGD", "SGFS", "SGLD", "SAGALD", "SVRGLD")
+# Non-default settings, run beside the defaults (the module docstring says why).
+VARIANTS = {"IASG-lr3": ("IASG", "learning_rate = 3B/N", lambda n, b: {"learning_rate": 3 * b / n})}
+NUTS_SAMPLERS = ("numpyro", "nutpie", "pymc")
+# Tuning draws as on each sampler's documentation page (docs/samplers/*.md).
+SG_TUNE = {"IASG": 20, "IASG-lr3": 20, "SGLD": 300, "ConstantSGD": 50, "SGFS": 50, "SAGALD": 50, "SVRGLD": 50}
+# Prior ESS per draw per chain for the first attempt's budget at the first N (docs, benchmarks).
+PRIOR_ESS_PER_DRAW = {
+    "IASG": 0.8,
+    "IASG-lr3": 0.5,
+    "ConstantSGD": 0.5,
+    "SGFS": 0.5,
+    "SGLD": 0.03,
+    "SAGALD": 0.3,
+    "SVRGLD": 0.3,
+    "numpyro": 0.8,
+    "nutpie": 0.8,
+    "pymc": 0.8,
+}
+NUTS_LABEL = {"numpyro": "NUTS (numpyro)", "nutpie": "NUTS (nutpie)", "pymc": "NUTS (PyMC)"}
+MARGIN = 1.25  # budgets aim at MARGIN × target ESS
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# =========================================================================================
+# Worker side: everything below up to "Parent side" runs in a fresh interpreter.
+# =========================================================================================
+
+
+def make_data(n: int, d: int, seed: int) -> tuple[Any, Any]:
+    """Standardised ``N(0, 1)`` features, ``β* ~ N(0, 0.5²)``, ``y ~ Bernoulli(σ(Xβ*))``.
+
+    Standardised in place (no full-size temporaries, so peak memory is the data's)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, d))
+    beta_true = 0.5 * rng.standard_normal(d)
+    X -= X.mean(axis=0)
+    X /= np.sqrt(np.einsum("ij,ij->j", X, X) / n)
+    y = (rng.random(n) < 1.0 / (1.0 + np.exp(-(X @ beta_true)))).astype(np.int64)
+    return X, y
+
+
+def make_model(X: Any, y: Any) -> Any:
+    import pymc as pm
+
+    with pm.Model() as model:
+        beta = pm.Normal("beta", 0, 1, shape=X.shape[1])
+        pm.Bernoulli("y", logit_p=pm.Data("X", X) @ beta, observed=y)
+    return model
+
+
+def build_step(sampler: str, n: int, batch_size: int | None = None) -> Any:
+    """``pmsg.<sampler>()`` with its defaults, or a variant of :data:`VARIANTS`."""
+    import pymc_sgmcmc as pmsg
+
+    kwargs: dict[str, Any] = {} if batch_size is None else {"batch_size": batch_size}
+    if sampler in VARIANTS:
+        cls, _, extra = VARIANTS[sampler]
+        kwargs.update(extra(n, batch_size or min(256, n)))
+        sampler = cls
+    return getattr(pmsg, sampler)(**kwargs)
+
+
+def _rss_mb() -> float:
+    """Current resident set size of this process (MB)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _peaks_mb() -> tuple[float, float]:
+    """Peak RSS of this process and of its largest waited-for child (MB; Linux: KB units)."""
+    return (
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+    )
+
+
+def _quiet() -> None:
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    for name in ("pymc", "pymc_sgmcmc", "jax", "numpyro", "pytensor"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _criteria(idata: Any, ref_path: str) -> dict[str, Any]:
+    """``pmsg.compare`` against the reference: the numbers the criteria read."""
+    import arviz as az
+    import numpy as np
+
+    import pymc_sgmcmc as pmsg
+
+    ref = az.from_netcdf(ref_path)
+    df = pmsg.compare(idata, ref, var_names=["beta"])
+    out = {
+        "max_abs_mean_diff": float(np.max(np.abs(df["mean_diff_sd"]))),
+        "sd_ratio_min": float(df["sd_ratio"].min()),
+        "sd_ratio_max": float(df["sd_ratio"].max()),
+        "ess_min": float(df["ess"].min()),
+        "ess_per_pass": float(df["ess"].min() / df.attrs["data_passes"]),
+        "passes_kept": float(df.attrs["data_passes"]),
+        "gaussian_kl": float(df.attrs["gaussian_kl"]),
+        "chains": int(idata.posterior.sizes["chain"]),
+        "draws": int(idata.posterior.sizes["draw"]),
+    }
+    stats = idata.sample_stats
+    if "data_passes" in stats:  # SG: every pass of every chain, tuning included
+        out["passes_total"] = float(stats["data_passes"].max("draw").sum())
+    if "n_steps" in stats:  # NUTS: one gradient evaluation = one pass over the data
+        kept = float(stats["n_steps"].sum())
+        out["grad_evals_kept"] = kept
+        out["ess_per_pass"] = out["ess_min"] / kept
+        warm = getattr(idata, "warmup_sample_stats", None)
+        if warm is not None and "n_steps" in warm:
+            out["grad_evals_warmup"] = float(warm["n_steps"].sum())
+            out["steps_per_warmup_draw"] = float(warm["n_steps"].mean())
+        out["steps_per_draw"] = float(stats["n_steps"].mean())
+    return out
+
+
+def _tta(spec: dict) -> dict:
+    """One time-to-accuracy attempt (SG sampler or NUTS)."""
+    driver, sampler = spec["driver"], spec["sampler"]
+    if driver == "numpyro":
+        import numpyro  # noqa: F401
+        import pymc.sampling.jax  # noqa: F401  (rewrites XLA_FLAGS: in this process only)
+    elif driver == "nutpie":
+        import nutpie  # noqa: F401
+    import arviz  # noqa: F401
+    import pymc as pm
+
+    import pymc_sgmcmc as pmsg
+
+    _quiet()
+    base = _rss_mb()
+    load = os.getloadavg()
+    X, y = make_data(spec["n"], spec["d"], spec["seed"])
+    model = make_model(X, y)
+    del X
+    common = dict(
+        draws=spec["draws"],
+        tune=spec["tune"],
+        chains=spec["chains"],
+        random_seed=spec["chain_seed"],
+        progressbar=False,
+        compute_convergence_checks=False,
+    )
+    t0 = time.perf_counter()
+    with model:
+        if driver in ("pmsg", "pm"):
+            step = build_step(sampler, spec["n"])
+            t_step = time.perf_counter() - t0
+            if driver == "pmsg":
+                idata = pmsg.sample(step=step, **common)
+            else:
+                idata = pm.sample(step=step, cores=spec["cores"], **common)
+        else:
+            t_step = 0.0
+            if driver == "pymc":
+                idata = pm.sample(cores=spec["cores"], discard_tuned_samples=False, **common)
+            else:
+                idata = pm.sample(nuts_sampler=driver, **common)
+    wall = time.perf_counter() - t0
+    peak, child_peak = _peaks_mb()
+    out = {
+        "wall": wall,
+        "step_build": t_step,
+        "sampling_time_attr": float(idata.posterior.attrs.get("sampling_time", float("nan"))),
+        "load_start": load,
+        "load_end": os.getloadavg(),
+        "base_rss": base,
+        "peak_rss": peak,
+        "child_peak_rss": child_peak,
+    }
+    if driver in ("pmsg", "pm"):
+        out["step_size"] = float(idata.sample_stats["step_size"].mean())
+        out["thin"] = int(step.thin)
+        if hasattr(step, "learning_rate"):
+            out["learning_rate"] = float(step.learning_rate)
+    out.update(_criteria(idata, spec["ref"]))
+    return out
+
+
+def _reference(spec: dict) -> dict:
+    """The long numpyro NUTS reference, saved to ``spec['path']``."""
+    import numpyro  # noqa: F401
+    import pymc as pm
+    import pymc.sampling.jax  # noqa: F401
+
+    import arviz as az
+
+    _quiet()
+    X, y = make_data(spec["n"], spec["d"], spec["seed"])
+    model = make_model(X, y)
+    del X
+    t0 = time.perf_counter()
+    with model:
+        idata = pm.sample(
+            draws=spec["draws"],
+            tune=spec["tune"],
+            chains=spec["chains"],
+            nuts_sampler="numpyro",
+            random_seed=spec["chain_seed"],
+            progressbar=False,
+            compute_convergence_checks=False,
+        )
+    wall = time.perf_counter() - t0
+    ess = az.ess(idata.posterior, var_names=["beta"], method="bulk")["beta"]
+    rhat = az.rhat(idata.posterior, var_names=["beta"])["beta"]
+    keep = az.InferenceData(posterior=idata.posterior, sample_stats=idata.sample_stats)
+    keep.posterior.attrs.update(
+        {
+            "bench_wall_seconds": wall,
+            "bench_created": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "bench_draws": spec["draws"],
+            "bench_tune": spec["tune"],
+        }
+    )
+    tmp = spec["path"] + ".part"
+    keep.to_netcdf(tmp)
+    os.replace(tmp, spec["path"])
+    return {
+        "wall": wall,
+        "ess_min": float(ess.min()),
+        "rhat_max": float(rhat.max()),
+        "load_start": os.getloadavg(),
+    }
+
+
+def _sg_pass(spec: dict) -> dict:
+    """Seconds per data pass of one SG sampler through ``pmsg.sample(chains=1)``."""
+    import pymc as pm  # noqa: F401
+
+    import pymc_sgmcmc as pmsg
+
+    _quiet()
+    base = _rss_mb()
+    load = os.getloadavg()
+    X, y = make_data(spec["n"], spec["d"], spec["seed"])
+    model = make_model(X, y)
+    del X
+    draws, tune = spec["draws"], spec["tune"]
+    with model:
+        step = build_step(spec["sampler"], spec["n"], spec["batch_size"])
+        results = []
+        for call in range(2):
+            marks: dict[int, tuple[float, float]] = {}
+
+            def callback(trace: Any, draw: Any, marks: dict = marks) -> None:
+                marks[draw.draw_idx] = (time.perf_counter(), float(draw.stats[0]["data_passes"]))
+
+            t0 = time.perf_counter()
+            pmsg.sample(
+                step=step,
+                draws=draws,
+                tune=tune,
+                chains=1,
+                random_seed=call,
+                progressbar=False,
+                compute_convergence_checks=False,
+                callback=callback,
+            )
+            total = time.perf_counter() - t0
+            (t_a, p_a), (t_b, p_b) = marks[tune - 1], marks[tune + draws - 1]
+            results.append(
+                {"s_per_pass": (t_b - t_a) / (p_b - p_a), "passes": p_b - p_a, "wall": total}
+            )
+    peak, _ = _peaks_mb()
+    best = min(results, key=lambda r: r["s_per_pass"])
+    return {
+        **best,
+        "first_wall": results[0]["wall"],
+        "all_s_per_pass": [r["s_per_pass"] for r in results],
+        "batch_size": step.batch_size,
+        "thin": step.thin,
+        "load_start": load,
+        "load_end": os.getloadavg(),
+        "base_rss": base,
+        "peak_rss": peak,
+    }
+
+
+def floor_pass(n: int, b: int, grad_fn: Any, unroll: int = 1) -> Any:
+    """Jitted ``(key, θ, X_padded, y_padded) -> θ``: one pass of ``ceil(n/b)`` SGLD steps on
+    contiguous slices, offsets and noise drawn once per pass before the scan (as the
+    package's draw does), ``grad_fn(θ, X_batch, y_batch)`` the minibatch gradient."""
+    import jax
+    import jax.numpy as jnp
+
+    from throughput import STEP_SIZE
+
+    iterations = math.ceil(n / b)
+
+    @jax.jit
+    def one_pass(key: Any, theta: Any, Xp: Any, yp: Any) -> Any:
+        k_start, k_noise = jax.random.split(key)
+        starts = jax.random.randint(k_start, (iterations,), 0, n)
+        noise = jax.random.normal(k_noise, (iterations, theta.shape[0]), theta.dtype)
+
+        def body(theta: Any, inputs: Any) -> Any:
+            start, z = inputs
+            xb = jax.lax.dynamic_slice_in_dim(Xp, start, b)
+            yb = jax.lax.dynamic_slice_in_dim(yp, start, b)
+            g = grad_fn(theta, xb, yb)
+            return theta + 0.5 * STEP_SIZE * g + math.sqrt(STEP_SIZE) * z, None
+
+        theta, _ = jax.lax.scan(body, theta, (starts, noise), unroll=unroll)
+        return jnp.asarray(theta)
+
+    return one_pass
+
+
+def blackjax_pass(n: int, b: int) -> Any:
+    """Jitted one pass (``ceil(n/b)`` steps) of ``blackjax.sgld`` with random-index batches."""
+    import blackjax
+    import jax
+
+    from throughput import STEP_SIZE, hand_loglik_rows, hand_logprior
+
+    def loglik_one(theta: Any, row: Any) -> Any:
+        x, y = row
+        return hand_loglik_rows(theta, x, y)  # x: (D,), a scalar log-likelihood
+
+    grad = blackjax.sgmcmc.gradients.grad_estimator(hand_logprior, loglik_one, n)
+    sgld = blackjax.sgld(grad)
+    iterations = math.ceil(n / b)
+
+    @jax.jit
+    def one_pass(key: Any, theta: Any, X: Any, y: Any) -> Any:
+        def body(theta: Any, key: Any) -> Any:
+            k_idx, k_step = jax.random.split(key)
+            idx = jax.random.randint(k_idx, (b,), 0, n)
+            return sgld.step(k_step, theta, (X[idx], y[idx]), STEP_SIZE), None
+
+        theta, _ = jax.lax.scan(body, theta, jax.random.split(key, iterations))
+        return theta
+
+    return one_pass
+
+
+def _micro(spec: dict) -> dict:
+    """Full gradients, bare loops or BlackJAX: seconds per pass (best of repeats)."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+    import throughput as tp
+
+    import pymc_sgmcmc as pmsg
+
+    _quiet()
+    base = _rss_mb()
+    load = os.getloadavg()
+    n, b, what = spec["n"], spec["batch_size"], spec["what"]
+    repeats, calls = spec["repeats"], spec["calls"]
+    X_np, y_np = make_data(n, spec["d"], spec["seed"])
+    out: dict[str, Any] = {}
+    if what == "fullgrad":
+        model = make_model(X_np, y_np)
+        problem = pmsg.build_problem(model)
+        X, y = (jnp.asarray(a) for a in problem.data)
+        tp.check_same_density(problem, X, y)
+        out["full_grad_bridge"] = tp.time_full_gradient(problem, repeats, calls)
+        out["full_grad_hand"] = tp.time_full_gradient_by_hand(X, y, repeats, calls)
+    elif what == "floor":
+        Xp, yp = tp.block_layout(X_np, y_np, b, spec["seed"])
+        del X_np
+        grad = jax.grad(tp.hand_logdensity(n, b))
+        out["bare_loop"] = tp.time_bare_loop(Xp, yp, n, b, grad, repeats, calls)
+        unroll = 4 if b * Xp.shape[1] <= 20_000 else 1  # as the package's draw
+        one_pass = floor_pass(n, b, grad, unroll)
+        key, theta = jax.random.PRNGKey(0), jnp.zeros(Xp.shape[1])
+        tp.warm_up(lambda: one_pass(key, theta, Xp, yp))
+        out["floor_pass_prng"] = tp.best_time(lambda: one_pass(key, theta, Xp, yp), repeats, calls)
+    elif what == "blackjax":
+        X, y = jnp.asarray(X_np), jnp.asarray(y_np)
+        del X_np
+        one_pass = blackjax_pass(n, b)
+        key, theta = jax.random.PRNGKey(0), jnp.zeros(X.shape[1])
+        tp.warm_up(lambda: one_pass(key, theta, X, y))
+        out["blackjax_sgld"] = tp.best_time(lambda: one_pass(key, theta, X, y), repeats, calls)
+    else:
+        raise ValueError(what)
+    peak, _ = _peaks_mb()
+    out.update(load_start=load, load_end=os.getloadavg(), base_rss=base, peak_rss=peak)
+    return out
+
+
+def worker(argv: list[str]) -> None:
+    spec = json.loads(argv[0])
+    kind = spec["kind"]
+    fn = {"tta": _tta, "reference": _reference, "sg_pass": _sg_pass, "micro": _micro}[kind]
+    result = fn(spec)
+    print("RESULT" + json.dumps(result), flush=True)
+
+
+_WORKER = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, "benchmarks")
+    import nuts_comparison
+    nuts_comparison.worker(sys.argv[1:])
+    """
+)
+
+
+# =========================================================================================
+# Parent side
+# =========================================================================================
+
+
+class Meter:
+    """CPU used by other processes while a measurement ran (cores, on average)."""
+
+    def __init__(self) -> None:
+        from throughput import system_busy_seconds
+
+        self._busy = system_busy_seconds
+        self.busy0 = system_busy_seconds()
+        self.own0 = self._own()
+        self.wall0 = time.perf_counter()
+
+    @staticmethod
+    def _own() -> float:
+        return sum(
+            getattr(resource.getrusage(who), f)
+            for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+            for f in ("ru_utime", "ru_stime")
+        )
+
+    def others(self) -> float:
+        busy = self._busy() - self.busy0
+        own = self._own() - self.own0
+        return max(busy - own, 0.0) / max(time.perf_counter() - self.wall0, 1e-9)
+
+
+def run(spec: dict) -> dict:
+    """``spec`` in a fresh interpreter; the result with ``others`` (cores) and ``elapsed``;
+    ``{"error": ...}`` if it failed."""
+    meter = Meter()
+    t0 = time.perf_counter()
+    try:
+        result = run_script(_WORKER, json.dumps(spec))
+    except RuntimeError as err:
+        result = {"error": str(err)[-1500:]}
+    result["others"] = meter.others()
+    result["elapsed"] = time.perf_counter() - t0
+    return result
+
+
+def reference_path(args: argparse.Namespace, n: int) -> Path:
+    name = f"bench_ref_N{n}_D{args.d}_seed{args.seed}_{args.ref_chains}x{args.ref_draws}.nc"
+    return Path(args.ref_dir) / name
+
+
+def ensure_reference(args: argparse.Namespace, n: int) -> dict:
+    path = reference_path(args, n)
+    if path.exists():
+        import arviz as az
+
+        ref = az.from_netcdf(path)
+        ess = az.ess(ref.posterior, var_names=["beta"], method="bulk")["beta"]
+        info = {
+            "path": str(path),
+            "reused": True,
+            "wall": float(ref.posterior.attrs.get("bench_wall_seconds", float("nan"))),
+            "created": str(ref.posterior.attrs.get("bench_created", "?")),
+            "ess_min": float(ess.min()),
+            "rhat_max": float(az.rhat(ref.posterior, var_names=["beta"])["beta"].max()),
+        }
+        log(f"N={n}: reusing the cached reference {path} (made {info['created']})")
+        return info
+    log(
+        f"N={n}: reference: numpyro NUTS {args.ref_chains} chains x "
+        f"({args.ref_tune} + {args.ref_draws}) -> {path}"
+    )
+    spec = {
+        "kind": "reference",
+        "n": n,
+        "d": args.d,
+        "seed": args.seed,
+        "chain_seed": 12345,
+        "draws": args.ref_draws,
+        "tune": args.ref_tune,
+        "chains": args.ref_chains,
+        "path": str(path),
+    }
+    result = run(spec)
+    if "error" in result:
+        raise RuntimeError(f"reference run failed: {result['error']}")
+    log(f"  {result['wall']:.0f} s, min ESS {result['ess_min']:.0f}, max r-hat {result['rhat_max']:.3f}")
+    return {"path": str(path), "reused": False, "created": "this run", **result}
+
+
+def passes_criteria(r: dict, args: argparse.Namespace) -> bool:
+    return (
+        "error" not in r
+        and r["max_abs_mean_diff"] <= args.mean_tol
+        and r["sd_ratio_min"] >= 1 - args.sd_tol
+        and r["sd_ratio_max"] <= 1 + args.sd_tol
+        and r["ess_min"] >= args.target_ess
+    )
+
+
+def _round_draws(draws: float, chunk: int = 10) -> int:
+    return int(max(chunk, chunk * math.ceil(draws / chunk)))
+
+
+def time_to_accuracy(
+    args: argparse.Namespace,
+    n: int,
+    ref: dict,
+    driver: str,
+    sampler: str,
+    chains: int,
+    tune: int,
+    draws: int,
+    predict_seconds: Any,
+) -> dict:
+    """The attempt protocol of the module docstring; ``predict_seconds(draws)`` (or None)
+    estimates an attempt's wall time before the first one is run."""
+    attempts: list[dict] = []
+    label = f"{sampler} ({driver})"
+    total = 0.0
+    capped = False
+    if predict_seconds is not None and predict_seconds(draws) > args.max_attempt_seconds:
+        fit = draws
+        while fit > 10 and predict_seconds(fit) > args.max_attempt_seconds:
+            fit = _round_draws(fit * 0.8)
+        log(
+            f"N={n}: {label}: {draws} draws predicted {predict_seconds(draws):.0f} s > "
+            f"{args.max_attempt_seconds:.0f} s: first attempt capped at {fit} draws"
+        )
+        draws, capped = fit, True
+    while True:
+        spec = {
+            "kind": "tta",
+            "driver": driver,
+            "sampler": sampler,
+            "n": n,
+            "d": args.d,
+            "seed": args.seed,
+            "chain_seed": 1,
+            "draws": draws,
+            "tune": tune,
+            "chains": chains,
+            "cores": 2,
+            "ref": ref["path"],
+        }
+        log(f"N={n}: {label}: attempt {len(attempts) + 1}, {chains} chains x ({tune} + {draws})")
+        r = run(spec)
+        r["draws_per_chain"] = draws
+        attempts.append(r)
+        total += r["elapsed"]
+        if "error" in r:
+            log(f"  FAILED: {r['error'].strip().splitlines()[-1] if r['error'].strip() else '?'}")
+            break
+        ok = passes_criteria(r, args)
+        log(
+            f"  {r['wall']:.1f} s, min ESS {r['ess_min']:.0f}, max|dmean| "
+            f"{r['max_abs_mean_diff']:.3f} sd, sd ratio {r['sd_ratio_min']:.3f}-"
+            f"{r['sd_ratio_max']:.3f}, ESS/pass {r['ess_per_pass']:.3g} -> "
+            f"{'PASS' if ok else 'fail'} (load {r['load_start'][0]:.1f}, others {r['others']:.2f})"
+        )
+        if ok or len(attempts) >= args.max_attempts:
+            break
+        factor = 2.0
+        if r["ess_min"] > 0:
+            factor = max(2.0, MARGIN * args.target_ess / r["ess_min"])
+        factor = min(factor, 8.0)
+        new_draws = _round_draws(draws * factor)
+        # Predicted: the fixed part (wall minus the draws' share) plus the draws scaled.
+        per_draw = r["sampling_time_attr"] / (draws + tune) if driver in ("pmsg", "pm") else None
+        if per_draw and math.isfinite(per_draw):
+            predicted = r["wall"] + (new_draws - draws) * per_draw
+        else:
+            predicted = r["wall"] * (new_draws + tune) / (draws + tune)
+        if predicted > args.max_attempt_seconds:
+            log(f"  next attempt ({new_draws} draws) predicted {predicted:.0f} s: stop")
+            break
+        draws = new_draws
+    last = attempts[-1]
+    passed = passes_criteria(last, args)
+    row = {
+        "n": n,
+        "driver": driver,
+        "sampler": sampler,
+        "chains": chains,
+        "tune": tune,
+        "attempts": attempts,
+        "n_attempts": len(attempts),
+        "reached": passed,
+        "total_elapsed": total,
+        "final": last,
+        "first_capped": capped,
+    }
+    if not passed and "error" not in last and last["ess_min"] > 0:
+        # Extrapolated: the fixed part plus the draws for target ESS at the last ESS per draw.
+        ess_per_draw = last["ess_min"] / last["draws_per_chain"]
+        need = args.target_ess / ess_per_draw
+        per_draw = (
+            last["sampling_time_attr"] / (last["draws_per_chain"] + tune)
+            if driver in ("pmsg", "pm")
+            else last["wall"] / (last["draws_per_chain"] + tune)
+        )
+        row["extrapolated_wall"] = last["wall"] + (need - last["draws_per_chain"]) * per_draw
+    return row
+
+
+def first_draws(args: argparse.Namespace, name: str, chains: int, history: dict) -> int:
+    ess_per_draw = history.get(name, PRIOR_ESS_PER_DRAW[name])
+    return _round_draws(MARGIN * args.target_ess / (chains * ess_per_draw))
+
+
+def remember(history: dict, name: str, row: dict) -> None:
+    last = row["final"]
+    if "error" not in last and last.get("ess_min", 0) > 0:
+        history[name] = last["ess_min"] / (last["chains"] * last["draws_per_chain"])
+
+
+def pymc_nuts(args: argparse.Namespace, n: int, ref: dict, history: dict, rows: list) -> dict:
+    """PyMC's default NUTS: a short run, then the full protocol or an extrapolation."""
+    chains = args.nuts_chains
+    log(f"N={n}: NUTS (pymc): short run, {chains} chains x (100 + 100)")
+    spec = {
+        "kind": "tta",
+        "driver": "pymc",
+        "sampler": "pymc",
+        "n": n,
+        "d": args.d,
+        "seed": args.seed,
+        "chain_seed": 1,
+        "draws": 100,
+        "tune": 100,
+        "chains": chains,
+        "cores": 2,
+        "ref": ref["path"],
+    }
+    short = run(spec)
+    if "error" in short:
+        log(f"  short run failed: {short['error'][-300:]}")
+        return {"n": n, "driver": "pymc", "sampler": "pymc", "reached": False, "final": short,
+                "attempts": [short], "n_attempts": 0, "total_elapsed": short["elapsed"],
+                "chains": chains, "tune": 1000}
+    evals_per_chain = (short["grad_evals_kept"] + short["grad_evals_warmup"]) / chains
+    fixed = short["wall"] - short["sampling_time_attr"]
+    s_per_eval = short["sampling_time_attr"] / evals_per_chain  # chains run side by side
+    # Tree sizes and ESS per draw: PyMC's own full run at the largest smaller N, else this one.
+    source = None
+    for row in reversed(rows):
+        if row["driver"] == "pymc" and row.get("reached") and not row.get("extrapolated"):
+            source = row
+            break
+    if source is not None:
+        f = source["final"]
+        lf_warm, lf_draw = f["steps_per_warmup_draw"], f["steps_per_draw"]
+        ess_per_draw = f["ess_min"] / (f["chains"] * f["draws_per_chain"])
+        source_txt = f"tree sizes and ESS/draw of PyMC's full run at N = {source['n']:,}"
+    else:
+        lf_warm, lf_draw = short["steps_per_warmup_draw"], short["steps_per_draw"]
+        ess_per_draw = PRIOR_ESS_PER_DRAW["pymc"]
+        source_txt = "tree sizes of the short run, prior ESS/draw 0.8"
+    draws_needed = args.target_ess / (chains * ess_per_draw)
+    predicted = fixed + (1000 * lf_warm + draws_needed * lf_draw) * s_per_eval
+    log(
+        f"  short run {short['wall']:.1f} s ({s_per_eval * 1e3:.2f} ms per gradient); "
+        f"full protocol predicted {predicted:.0f} s"
+    )
+    if predicted <= args.pymc_max_seconds:
+        draws = first_draws(args, "pymc", chains, history)
+        row = time_to_accuracy(args, n, ref, "pymc", "pymc", chains, 1000, draws, None)
+        row["short_run"] = short
+        return row
+    return {
+        "n": n,
+        "driver": "pymc",
+        "sampler": "pymc",
+        "chains": chains,
+        "tune": 1000,
+        "attempts": [short],
+        "n_attempts": 0,
+        "reached": False,
+        "extrapolated": True,
+        "extrapolated_wall": predicted,
+        "extrapolation": {
+            "s_per_grad_eval": s_per_eval,
+            "fixed_seconds": fixed,
+            "steps_per_warmup_draw": lf_warm,
+            "steps_per_draw": lf_draw,
+            "ess_per_draw_per_chain": ess_per_draw,
+            "draws_needed": draws_needed,
+            "source": source_txt,
+        },
+        "total_elapsed": short["elapsed"],
+        "final": short,
+        "short_run": short,
+    }
+
+
+def throughput(args: argparse.Namespace, n: int, samplers: list[str]) -> dict:
+    """Seconds per data pass at ``n``: full gradients, floors, BlackJAX, each SG sampler."""
+    calls = max(3, (3 * 10**6) // n) if not args.quick else 3
+    out: dict[str, Any] = {"n": n, "runs": {}}
+    for what in ("fullgrad", "floor", "blackjax"):
+        log(f"N={n}: {what}")
+        spec = {
+            "kind": "micro",
+            "what": what,
+            "n": n,
+            "d": args.d,
+            "seed": args.seed,
+            "batch_size": args.batch_size,
+            "repeats": args.repeats,
+            "calls": calls,
+        }
+        r = run(spec)
+        out["runs"][what] = r
+        log("  " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in r.items() if k in _MICRO_KEYS))
+    draws = 10 * math.ceil(max(40, 4e7 / n) / 10) if not args.quick else 20
+    for sampler in samplers:
+        log(f"N={n}: {sampler}: seconds per pass, pmsg.sample(chains=1), {draws} draws")
+        spec = {
+            "kind": "sg_pass",
+            "sampler": sampler,
+            "n": n,
+            "d": args.d,
+            "seed": args.seed,
+            "batch_size": args.batch_size,
+            "draws": draws,
+            "tune": min(SG_TUNE[sampler], 50),
+        }
+        r = run(spec)
+        out["runs"][sampler] = r
+        if "error" in r:
+            log(f"  FAILED: {r['error'][-300:]}")
+        else:
+            log(f"  {r['s_per_pass'] * 1e3:.2f} ms per pass ({r['passes']:.0f} passes)")
+    return out
+
+
+_MICRO_KEYS = ("full_grad_bridge", "full_grad_hand", "bare_loop", "floor_pass_prng", "blackjax_sgld")
+
+
+# -----------------------------------------------------------------------------------------
+# Report
+# -----------------------------------------------------------------------------------------
+
+
+def _fmt_s(x: float) -> str:
+    if x is None or not math.isfinite(x):
+        return "—"
+    return f"{x:.3g}" if x < 100 else f"{x:.0f}"
+
+
+def _load(r: dict) -> str:
+    ls = r.get("load_start")
+    return "?" if not ls else f"{ls[0]:.1f}"
+
+
+def row_time(row: dict) -> tuple[float, str]:
+    """(seconds, kind): kind is 'reached', 'extrapolated' or 'not reached'."""
+    if row.get("reached"):
+        return row["final"]["wall"], "reached"
+    if row.get("extrapolated"):
+        return row["extrapolated_wall"], "extrapolated"
+    return row.get("extrapolated_wall", float("nan")), "not reached"
+
+
+def fastest_nuts(rows: list[dict], n: int) -> tuple[float, str]:
+    best = (math.inf, "")
+    for kind in ("reached", "extrapolated", "not reached"):
+        for row in rows:
+            if row["n"] == n and row["driver"] in NUTS_SAMPLERS:
+                t, k = row_time(row)
+                if k == kind and t < best[0]:
+                    best = (t, NUTS_LABEL[row["driver"]] + ("" if k == "reached" else f", {k}"))
+        if math.isfinite(best[0]):
+            return best
+    return best
+
+
+def row_label(row: dict) -> str:
+    if row["driver"] in NUTS_SAMPLERS:
+        return NUTS_LABEL[row["driver"]]
+    drv = "pmsg.sample" if row["driver"] == "pmsg" else "pm.sample, cores=2"
+    return f"{sampler_label(row['sampler'])} (`{drv}`)"
+
+
+def sampler_label(sampler: str) -> str:
+    if sampler in VARIANTS:
+        cls, text, _ = VARIANTS[sampler]
+        return f"{cls}, {text}"
+    return sampler
+
+
+def render_tta(rows: list[dict], args: argparse.Namespace) -> str:
+    lines = [
+        "| N | sampler | chains × (tune + draws) | attempts | time to accuracy (s) | × fastest NUTS "
+        "| min ESS | max \\|Δmean\\| (sd) | sd ratio range | ESS / pass | all attempts (s) "
+        "| peak RSS − base (MB) | load (1 min) / others (cores) |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for row in rows:
+        n = row["n"]
+        f = row["final"]
+        t, kind = row_time(row)
+        ref_t, _ = fastest_nuts(rows, n)
+        if "error" in f:
+            lines.append(
+                f"| {n:,} | {row_label(row)} | | {row['n_attempts']} | error: "
+                f"{f['error'].strip().splitlines()[-1][:80] if f['error'].strip() else '?'} "
+                f"| | | | | | {row['total_elapsed']:.0f} | | |"
+            )
+            continue
+        if kind == "reached":
+            tcell, ratio = f"**{_fmt_s(t)}**", f"{t / ref_t:.3g}×"
+        elif kind == "extrapolated":
+            tcell, ratio = f"{_fmt_s(t)} (extrapolated)", f"{t / ref_t:.3g}× (extrap.)"
+        else:
+            est = f", ≈ {_fmt_s(t)} extrapolated" if math.isfinite(t) else ""
+            tcell = f"not reached{est}"
+            ratio = f"≈ {t / ref_t:.3g}×" if math.isfinite(t) else "—"
+        shape = f"{f['chains']} × ({row['tune']} + {f['draws']})"
+        if kind == "extrapolated":
+            e = row["extrapolation"]
+            shape = f"{row['chains']} × (1000 + {e['draws_needed']:.0f}) predicted"
+        mem = f"{f['peak_rss'] - f['base_rss']:.0f}"
+        if f.get("child_peak_rss", 0) > 0 and row["driver"] in ("pymc", "pm"):
+            mem += f" (+ workers ≤ {f['child_peak_rss']:.0f})"
+        acc = (
+            f"{f['max_abs_mean_diff']:.3f} | {f['sd_ratio_min']:.3f}–{f['sd_ratio_max']:.3f}"
+            if kind != "extrapolated"
+            else "(short run) | (short run)"
+        )
+        lines.append(
+            f"| {n:,} | {row_label(row)} | {shape} | {row['n_attempts']} | {tcell} | {ratio} "
+            f"| {f['ess_min']:.0f} | {acc} | {f['ess_per_pass']:.3g} "
+            f"| {row['total_elapsed']:.0f} | {mem} | {_load(f)} / {f['others']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def sg_s_per_pass(tp: dict, name: str) -> float:
+    r = tp["runs"].get(name, {})
+    return r.get("s_per_pass", float("nan"))
+
+
+def micro(tp: dict, key: str) -> float:
+    for r in tp["runs"].values():
+        if key in r:
+            return r[key]
+    return float("nan")
+
+
+def floor_of(tp: dict) -> float:
+    return min(micro(tp, "bare_loop"), micro(tp, "floor_pass_prng"))
+
+
+def render_throughput(tps: list[dict], samplers: list[str]) -> str:
+    ns = [tp["n"] for tp in tps]
+    head = "| seconds per data pass (ms) | " + " | ".join(f"N = {n:,}" for n in ns) + " |"
+    lines = [head, "|---|" + "---:|" * len(ns)]
+
+    def row(name: str, vals: list[str]) -> None:
+        lines.append(f"| {name} | " + " | ".join(vals) + " |")
+
+    def ms(x: float) -> str:
+        return "—" if not math.isfinite(x) else f"{1e3 * x:.3g}"
+
+    row("full-data gradient, bridge", [ms(micro(tp, "full_grad_bridge")) for tp in tps])
+    row("full-data gradient, hand-written jnp", [ms(micro(tp, "full_grad_hand")) for tp in tps])
+    row("bare loop, per-iteration PRNG (`throughput.make_bare_pass`)", [ms(micro(tp, "bare_loop")) for tp in tps])
+    row("bare loop, PRNG once per pass (`floor_pass`)", [ms(micro(tp, "floor_pass_prng")) for tp in tps])
+    row("BlackJAX `sgld`, random-index batches", [ms(micro(tp, "blackjax_sgld")) for tp in tps])
+    for s in samplers:
+        row(f"{sampler_label(s)} (`pmsg.sample`, 1 chain)", [ms(sg_s_per_pass(tp, s)) for tp in tps])
+    lines.append("| **ratios** | " + " | " * (len(ns) - 1) + " |")
+    for s in samplers:
+        vals = []
+        for tp in tps:
+            t, fg = sg_s_per_pass(tp, s), micro(tp, "full_grad_bridge")
+            mark = "✓" if t <= 2 * fg else "✗"
+            vals.append(
+                f"{t / fg:.2f}× gradient {mark}; {t / floor_of(tp):.2f}× floor; "
+                f"{t / micro(tp, 'blackjax_sgld'):.2f}× BlackJAX"
+            )
+        row(f"{sampler_label(s)} per pass", vals)
+    row(
+        "BlackJAX per pass",
+        [
+            f"{micro(tp, 'blackjax_sgld') / micro(tp, 'full_grad_bridge'):.2f}× gradient; "
+            f"{micro(tp, 'blackjax_sgld') / floor_of(tp):.2f}× floor"
+            for tp in tps
+        ],
+    )
+    row(
+        "floor per pass",
+        [f"{floor_of(tp) / micro(tp, 'full_grad_bridge'):.2f}× gradient" for tp in tps],
+    )
+    row("load (1 min) at start", [f"{tp['runs']['fullgrad'].get('load_start', [math.nan])[0]:.1f}" for tp in tps])
+    others = [max(r.get("others", 0) for r in tp["runs"].values()) for tp in tps]
+    row("other processes (max over the runs, cores)", [f"{o:.2f}" for o in others])
+    return "\n".join(lines)
+
+
+def render_linearity(tps: list[dict], samplers: list[str]) -> str:
+    ns = [tp["n"] for tp in tps]
+    names = [
+        ("full-data gradient (bridge)", lambda tp: micro(tp, "full_grad_bridge")),
+        ("floor", floor_of),
+        ("BlackJAX sgld", lambda tp: micro(tp, "blackjax_sgld")),
+    ] + [(sampler_label(s), lambda tp, s=s: sg_s_per_pass(tp, s)) for s in samplers]
+    head = (
+        "| µs per pass per 1000 rows | "
+        + " | ".join(f"N = {n:,}" for n in ns)
+        + (f" | log-log slope {ns[-2]:,}→{ns[-1]:,} |" if len(ns) > 1 else " |")
+    )
+    lines = [head, "|---|" + "---:|" * (len(ns) + (1 if len(ns) > 1 else 0))]
+    for name, fn in names:
+        vals = [fn(tp) for tp in tps]
+        cells = [f"{1e9 * v / n:.3g}" if math.isfinite(v) else "—" for v, n in zip(vals, ns)]
+        if len(ns) > 1:
+            a, b = vals[-2], vals[-1]
+            slope = math.log(b / a) / math.log(ns[-1] / ns[-2]) if a > 0 and b > 0 else math.nan
+            cells.append(f"{slope:.2f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render_memory(tps: list[dict], samplers: list[str], rows: list[dict]) -> str:
+    ns = [tp["n"] for tp in tps]
+    head = "| peak RSS − RSS after imports (MB) | " + " | ".join(f"N = {n:,}" for n in ns) + " |"
+    lines = [head, "|---|" + "---:|" * len(ns)]
+
+    def cell(r: dict | None) -> str:
+        if not r or "error" in r or "peak_rss" not in r:
+            return "—"
+        return f"{r['peak_rss'] - r['base_rss']:.0f}"
+
+    lines.append(
+        "| data X, y (float64, int64) | "
+        + " | ".join(f"{n * (8 * 20 + 8) / 2**20:.0f}" for n in ns)
+        + " |"
+    )
+    for what, label in (
+        ("fullgrad", "full-gradient timing (bridge + hand-written)"),
+        ("floor", "bare loops (shuffled, padded copy of the data)"),
+        ("blackjax", "BlackJAX sgld"),
+    ):
+        lines.append(f"| {label} | " + " | ".join(cell(tp["runs"].get(what)) for tp in tps) + " |")
+    for s in samplers:
+        lines.append(f"| {sampler_label(s)}, 1 chain (`pmsg.sample`) | " + " | ".join(cell(tp["runs"].get(s)) for tp in tps) + " |")
+    labels = []
+    for row in rows:
+        if row_label(row) not in labels:
+            labels.append(row_label(row))
+    for label in labels:
+        cells = []
+        for n in ns:
+            match = [r for r in rows if r["n"] == n and row_label(r) == label]
+            if not match:
+                cells.append("—")
+                continue
+            f = match[0]["final"]
+            c = cell(f)
+            if c != "—" and f.get("child_peak_rss", 0) > 0 and match[0]["driver"] in ("pymc", "pm"):
+                c += f" (+ workers ≤ {f['child_peak_rss']:.0f})"
+            if match[0].get("extrapolated"):
+                c += " (short run)"
+            cells.append(c)
+        chains = match[0]["chains"] if match else "?"
+        lines.append(f"| {label}, {chains} chains (last attempt) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render_goals(rows: list[dict], tps: list[dict], samplers: list[str], args: argparse.Namespace) -> str:
+    out = []
+    n_big = max(tp["n"] for tp in tps) if tps else max(r["n"] for r in rows)
+    ref_t, ref_name = fastest_nuts(rows, n_big)
+    sg_rows = [r for r in rows if r["n"] == n_big and r["driver"] in ("pmsg", "pm")]
+    lines = []
+    for r in sg_rows:
+        t, kind = row_time(r)
+        speed = ref_t / t if math.isfinite(t) else math.nan
+        ok = kind == "reached" and speed >= 10
+        lines.append(
+            f"{row_label(r)}: {_fmt_s(t)} s{'' if kind == 'reached' else ' (' + kind + ')'}, "
+            f"{speed:.2g}× faster {'✓' if ok else '✗'}"
+        )
+    def fast(r: dict) -> bool:
+        return bool(r.get("reached")) and ref_t / r["final"]["wall"] >= 10
+
+    met = [row_label(r) for r in sg_rows if fast(r) and r["sampler"] not in VARIANTS]
+    met_variant = [row_label(r) for r in sg_rows if fast(r) and r["sampler"] in VARIANTS]
+    verdict = (
+        f"MET with default settings ({', '.join(met)})"
+        if met
+        else (
+            f"MET only with non-default settings ({', '.join(met_variant)})"
+            if met_variant
+            else "NOT MET"
+        )
+    )
+    out.append(
+        f"- **Time to {args.target_ess:.0f} ESS at the accuracy, N = {n_big:,}, ≥ 10× shorter "
+        f"than the fastest NUTS ({ref_name}, {_fmt_s(ref_t)} s): {verdict}**. "
+        + "; ".join(lines)
+        + "."
+    )
+    iasg = [r for r in rows if r["sampler"] == "IASG" and r["driver"] == "pmsg"]
+    vals = [
+        f"N = {r['n']:,}: {r['final']['ess_per_pass']:.2f}"
+        + ("" if r.get("reached") else " (run that did not pass)")
+        for r in iasg
+        if "error" not in r["final"]
+    ]
+    big = [r for r in iasg if r["n"] == n_big and "error" not in r["final"]]
+    met = bool(big) and big[0]["final"]["ess_per_pass"] >= 0.5
+    out.append(
+        f"- **IASG ESS per data pass ≥ 0.5 (N = {n_big:,}): {'MET' if met else 'NOT MET'}** "
+        f"({'; '.join(vals)}; min bulk ESS over the 20 coefficients / passes of the kept draws)."
+    )
+    tp = [t for t in tps if t["n"] == n_big]
+    if tp:
+        tp = tp[0]
+        fg = micro(tp, "full_grad_bridge")
+        parts = []
+        for s in samplers:
+            t = sg_s_per_pass(tp, s)
+            parts.append(f"{sampler_label(s)} {t / fg:.2f}× {'✓' if t <= 2 * fg else '✗'}")
+        met_all = all(sg_s_per_pass(tp, s) <= 2 * fg for s in samplers if s not in VARIANTS)
+        met_iasg = sg_s_per_pass(tp, "IASG") <= 2 * fg if "IASG" in samplers else False
+        out.append(
+            f"- **Seconds per data pass ≤ 2× one full-data gradient (N = {n_big:,}, gradient "
+            f"{1e3 * fg:.1f} ms): {'MET for every sampler' if met_all else ('MET for IASG, not for every sampler' if met_iasg else 'NOT MET')}** "
+            f"({'; '.join(parts)})."
+        )
+    return "\n".join(out)
+
+
+def machine_lines(args: argparse.Namespace) -> list[str]:
+    from importlib.metadata import version
+
+    from throughput import _cpu_model
+
+    def v(name: str) -> str:
+        try:
+            return version(name)
+        except Exception:
+            return "?"
+
+    mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
+    return [
+        f"- machine: {_cpu_model()}, {os.cpu_count()} cores (usable {affinity}), "
+        f"{mem_gb:.1f} GB RAM, no GPU; {platform.platform()}",
+        f"- versions: python {platform.python_version()}, jax {v('jax')}, pymc {v('pymc')}, "
+        f"pytensor {v('pytensor')}, numpyro {v('numpyro')}, nutpie {v('nutpie')}, "
+        f"blackjax {v('blackjax')}, arviz {v('arviz')}, numpy {v('numpy')}; "
+        f"pymc_sgmcmc git {git_state()}",
+    ]
+
+
+def make_figure(
+    rows: list[dict], tps: list[dict], samplers: list[str], path: Path, target: float = 400
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(15, 5.8), gridspec_kw={"width_ratios": [1.6, 1]})
+    ns = sorted({r["n"] for r in rows})
+    labels: list[str] = []
+    for r in rows:
+        lab = row_label(r).replace("`", "")
+        if lab not in labels:
+            labels.append(lab)
+    width = 0.8 / max(len(labels), 1)
+    sg_colors = {s: plt.get_cmap("tab10")(k) for k, s in enumerate(samplers)}
+    nuts_colors = {"numpyro": "0.25", "nutpie": "0.5", "pymc": "0.75"}
+
+    def color_of(r: dict) -> Any:
+        if r["driver"] in nuts_colors:
+            return nuts_colors[r["driver"]]
+        return sg_colors.get(r["sampler"], "c")
+
+    for j, lab in enumerate(labels):
+        for i, n in enumerate(ns):
+            match = [r for r in rows if r["n"] == n and row_label(r).replace("`", "") == lab]
+            if not match:
+                continue
+            r = match[0]
+            t, kind = row_time(r)
+            if not math.isfinite(t):
+                continue
+            x = i + (j - (len(labels) - 1) / 2) * width
+            hatch = {"reached": None, "extrapolated": "//", "not reached": "xx"}[kind]
+            if r["driver"] == "pm" and kind == "reached":
+                hatch = ".."
+            color = color_of(r)
+            ax1.bar(x, t, width, color=color, hatch=hatch, edgecolor="k", linewidth=0.4,
+                    alpha=1.0 if kind == "reached" else 0.55,
+                    label=lab if i == 0 or lab not in ax1.get_legend_handles_labels()[1] else None)
+            ref_t, _ = fastest_nuts(rows, n)
+            note = f"{t / ref_t:.2g}×" if math.isfinite(ref_t) else ""
+            if kind != "reached":
+                note += "*"
+            ax1.text(x, t * 1.08, note, ha="center", va="bottom", fontsize=6.5, rotation=90)
+    ax1.set_yscale("log")
+    ax1.set_xticks(range(len(ns)), [f"N = {n:,}" for n in ns])
+    ax1.set_ylabel(f"wall time to accuracy and ≥ {target:.0f} ESS (s, log)")
+    ax1.set_title(
+        f"Time to a posterior within 0.1 sd (means) and 10% (sds) with ≥ {target:.0f} ESS, "
+        "4 SG chains / 2 NUTS chains on 2 cores\nannotation: ratio to the fastest NUTS; "
+        "* = hatched: extrapolated (//) or not reached, time extrapolated (xx); "
+        "dotted: pm.sample",
+        fontsize=9,
+    )
+    handles, labs = ax1.get_legend_handles_labels()
+    uniq = dict(zip(labs, handles))
+    ax1.legend(uniq.values(), uniq.keys(), fontsize=7, ncol=2, loc="upper left")
+    ax1.grid(axis="y", which="both", alpha=0.3)
+
+    tns = [tp["n"] for tp in tps]
+    series = [
+        ("full-data gradient", lambda tp: micro(tp, "full_grad_bridge"), "k", "-", "o"),
+        ("floor (bare JAX loop)", floor_of, "0.4", "--", "s"),
+        ("BlackJAX sgld", lambda tp: micro(tp, "blackjax_sgld"), "tab:red", ":", "^"),
+    ]
+    for k, s in enumerate(samplers):
+        series.append((sampler_label(s), lambda tp, s=s: sg_s_per_pass(tp, s), plt.get_cmap("tab10")(k), "-", "."))
+    for name, fn, color, ls, marker in series:
+        vals = np.array([fn(tp) for tp in tps])
+        ax2.plot(tns, vals, ls=ls, marker=marker, color=color, label=name)
+    if tns:
+        x = np.array([tns[0], tns[-1]], dtype=float)
+        y0 = micro(tps[-1], "full_grad_bridge")
+        ax2.plot(x, y0 * x / tns[-1], color="k", alpha=0.2, lw=6, label="∝ N (slope 1)")
+    ax2.set_xscale("log")
+    ax2.set_yscale("log")
+    ax2.set_xlabel("N (rows)")
+    ax2.set_ylabel("seconds per data pass (1 chain)")
+    ax2.set_title(f"Seconds per pass vs N (B = {tps[0]['runs'].get('IASG', {}).get('batch_size', 256) if tps else ''})", fontsize=9)
+    ax2.grid(which="both", alpha=0.3)
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def render(results: dict, args: argparse.Namespace) -> str:
+    rows, tps, samplers = results["rows"], results["throughput"], results["samplers"]
+    lines = [
+        f"### {results['date']}, N ∈ {{{', '.join(f'{n:,}' for n in results['sizes'])}}}, D = {args.d}",
+        "",
+        f"Command: `{results['command']}` (wall time {results['elapsed'] / 60:.0f} min)",
+        "",
+        *machine_lines(args),
+        f"- load average (1/5/15 min) at start {results['load_start']}, at end {results['load_end']}"
+        f"; max 1-min load at the start of a measurement {results['load_max']:.1f}"
+        + (
+            " — **the machine was shared during this run (load > 3): timings are inflated by "
+            "other people's jobs; compare rows measured at similar load**"
+            if results["load_max"] > 3
+            else ""
+        ),
+        f"- data: X standardised N(0,1), β* ~ N(0, 0.5²), seed {args.seed}; B = "
+        f"{args.batch_size} for every SG sampler (the default), one pass per draw; SG chains "
+        f"{args.chains} (`pmsg.sample`, 2 groups on 2 cores), NUTS chains {args.nuts_chains}",
+        f"- criteria: every |Δmean| ≤ {args.mean_tol} reference sd, every sd ratio within "
+        f"{args.sd_tol:.0%}, min bulk ESS ≥ {args.target_ess}; at most {args.max_attempts} "
+        f"attempts, next attempt only if predicted < {args.max_attempt_seconds:.0f} s",
+        "- references (numpyro NUTS): "
+        + "; ".join(
+            f"N = {int(n):,}: {ref['path']} "
+            + (f"(cached, made {ref['created']}, reused)" if ref["reused"] else f"(made in this run, {ref['wall']:.0f} s)")
+            + f", min ESS {ref['ess_min']:.0f}, max r-hat {ref['rhat_max']:.3f}"
+            for n, ref in results["references"].items()
+        ),
+        f"- figure: [`figures/{Path(args.figure).name}`](figures/{Path(args.figure).name}); raw "
+        f"numbers: [`figures/{Path(args.json).name}`](figures/{Path(args.json).name})",
+        "",
+        "#### Goals",
+        "",
+        render_goals(rows, tps, samplers, args),
+        "",
+        "#### Time to accuracy",
+        "",
+        render_tta(rows, args),
+        "",
+    ]
+    extrap = [r for r in rows if r.get("extrapolated")]
+    for r in extrap:
+        e = r["extrapolation"]
+        lines.append(
+            f"- NUTS (PyMC) at N = {r['n']:,} extrapolated: fixed {e['fixed_seconds']:.0f} s + "
+            f"(1000 × {e['steps_per_warmup_draw']:.1f} + {e['draws_needed']:.0f} × "
+            f"{e['steps_per_draw']:.1f}) gradient evaluations × {1e3 * e['s_per_grad_eval']:.1f} "
+            f"ms (short run: 2 chains × (100 + 100) in {r['final']['wall']:.0f} s); {e['source']}."
+        )
+    if tps:
+        lines += [
+            "",
+            "#### Seconds per data pass (one chain; B = "
+            f"{args.batch_size}; best of {args.repeats} for the micro-benchmarks)",
+            "",
+            render_throughput(tps, samplers),
+            "",
+            "#### Linearity in N",
+            "",
+            render_linearity(tps, samplers),
+            "",
+            "#### Peak memory",
+            "",
+            render_memory(tps, samplers, rows),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+# -----------------------------------------------------------------------------------------
+# Main
+# -----------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="10000,100000,1000000", help="comma-separated N")
+    p.add_argument("--d", type=int, default=20)
+    p.add_argument("--samplers", default=",".join(SG_SAMPLERS), help="SG samplers")
+    p.add_argument("--nuts", default=",".join(NUTS_SAMPLERS), help="numpyro,nutpie,pymc")
+    p.add_argument("--chains", type=int, default=4, help="SG chains (pmsg.sample)")
+    p.add_argument("--nuts-chains", type=int, default=2)
+    p.add_argument("--target-ess", type=float, default=400)
+    p.add_argument("--mean-tol", type=float, default=0.1)
+    p.add_argument("--sd-tol", type=float, default=0.1)
+    p.add_argument("--max-attempts", type=int, default=4)
+    p.add_argument("--max-attempt-seconds", type=float, default=1800)
+    p.add_argument("--pymc-max-seconds", type=float, default=1800)
+    p.add_argument("--pm-sample-top", type=int, default=2, help="fastest SG samplers rerun via pm.sample")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--ref-draws", type=int, default=2000)
+    p.add_argument("--ref-tune", type=int, default=1000)
+    p.add_argument("--ref-chains", type=int, default=4)
+    p.add_argument("--ref-dir", default="/tmp")
+    p.add_argument("--no-throughput", action="store_true", help="skip the per-pass timings")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="smoke run: N = 1e4, target ESS 100")
+    p.add_argument("--out", default=None, help="RESULTS.md to append to; '-' only prints")
+    p.add_argument("--figure", default=None)
+    p.add_argument("--json", default=None, help="raw results (written as the run goes)")
+    p.add_argument("--render", default=None, help="only render this JSON of an earlier run")
+    args = p.parse_args(argv)
+    if args.quick:
+        if args.sizes == p.get_default("sizes"):
+            args.sizes = "10000"
+        if args.target_ess == p.get_default("target_ess"):
+            args.target_ess = 100
+        args.ref_draws, args.ref_tune = min(args.ref_draws, 1000), min(args.ref_tune, 500)
+        args.max_attempts = min(args.max_attempts, 2)
+        args.repeats = 1
+    default_out = "-" if args.quick else str(REPO / "benchmarks" / "RESULTS.md")
+    args.out = args.out or default_out
+    figdir = Path("/tmp") if args.quick else REPO / "benchmarks" / "figures"
+    args.figure = args.figure or str(figdir / "nuts_comparison.png")
+    args.json = args.json or str(figdir / "nuts_comparison.json")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    argv_used = list(sys.argv[1:] if argv is None else argv)
+    if args.render:
+        results = json.loads(Path(args.render).read_text())
+    else:
+        results = collect(args, argv_used)
+    section = render(results, args)
+    make_figure(
+        results["rows"], results["throughput"], results["samplers"], Path(args.figure), args.target_ess
+    )
+    log(f"figure: {args.figure}")
+    print(section)
+    if args.out != "-":
+        append_section(Path(args.out), section, HEADING, INTRO)
+        log(f"appended to {args.out}")
+
+
+def collect(args: argparse.Namespace, argv_used: list[str]) -> dict:
+    sizes = [int(float(s)) for s in args.sizes.split(",") if s.strip()]
+    samplers = [s for s in args.samplers.split(",") if s.strip()]
+    nuts = [s for s in args.nuts.split(",") if s.strip()]
+    t0 = time.perf_counter()
+    fmt = lambda la: " / ".join(f"{x:.2f}" for x in la)  # noqa: E731
+    results: dict[str, Any] = {
+        "date": _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+        "command": shlex.join(["python", "benchmarks/nuts_comparison.py", *argv_used]),
+        "sizes": sizes,
+        "samplers": samplers,
+        "load_start": fmt(os.getloadavg()),
+        "references": {},
+        "throughput": [],
+        "rows": [],
+    }
+    for line in machine_lines(args):
+        log(line[2:])
+    log(f"load average {results['load_start']}")
+
+    def save() -> None:
+        results["elapsed"] = time.perf_counter() - t0
+        results["load_end"] = fmt(os.getloadavg())
+        loads = [
+            a["load_start"][0]
+            for row in results["rows"]
+            for a in row["attempts"]
+            if a.get("load_start")
+        ] + [
+            r["load_start"][0]
+            for tp in results["throughput"]
+            for r in tp["runs"].values()
+            if r.get("load_start")
+        ]
+        results["load_max"] = max(loads, default=os.getloadavg()[0])
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+
+    history: dict[str, float] = {}
+    for n in sizes:
+        ref = ensure_reference(args, n)
+        results["references"][n] = ref
+        save()
+        if not args.no_throughput:
+            results["throughput"].append(throughput(args, n, samplers))
+            save()
+        for sampler in samplers:
+            draws = first_draws(args, sampler, args.chains, history)
+            predict = None
+            if results["throughput"]:
+                s_pass = sg_s_per_pass(results["throughput"][-1], sampler)
+                if math.isfinite(s_pass):
+                    tune = SG_TUNE[sampler]
+                    # 4 chains in 2 groups of 2 on the 2 cores, plus ~20 s of set-up.
+                    predict = lambda d, s=s_pass, t=tune: 20 + (t + d) * s * args.chains / 2  # noqa: E731
+            row = time_to_accuracy(
+                args, n, ref, "pmsg", sampler, args.chains, SG_TUNE[sampler], draws, predict
+            )
+            remember(history, sampler, row)
+            results["rows"].append(row)
+            save()
+        fastest: list[dict] = []
+        for r in sorted(
+            (r for r in results["rows"] if r["n"] == n and r["driver"] == "pmsg" and r["reached"]),
+            key=lambda r: r["final"]["wall"],
+        ):
+            # Skip a sampler whose draws equal one already chosen (SGFS's defaults are
+            # ConstantSGD's full-preconditioner draws, bit for bit).
+            same = [
+                q for q in fastest
+                if q["final"]["ess_min"] == r["final"]["ess_min"]
+                and q["final"]["max_abs_mean_diff"] == r["final"]["max_abs_mean_diff"]
+            ]
+            if not same and len(fastest) < args.pm_sample_top:
+                fastest.append(r)
+        for r in fastest:
+            row = time_to_accuracy(
+                args, n, ref, "pm", r["sampler"], args.chains, r["tune"],
+                r["final"]["draws_per_chain"], None,
+            )
+            results["rows"].append(row)
+            save()
+        for name in nuts:
+            if name == "pymc":
+                row = pymc_nuts(args, n, ref, history, results["rows"])
+            else:
+                draws = first_draws(args, name, args.nuts_chains, history)
+                row = time_to_accuracy(args, n, ref, name, name, args.nuts_chains, 1000, draws, None)
+            if not row.get("extrapolated"):
+                remember(history, name, row)
+            results["rows"].append(row)
+            save()
+    save()
+    return results
+
+
+if __name__ == "__main__":
+    main()
