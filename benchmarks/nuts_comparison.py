@@ -121,7 +121,15 @@ SG_SAMPLERS = ("IASG", "IASG-lr3", "ConstantSGD", "SGFS", "SGLD", "SAGALD", "SVR
 VARIANTS = {"IASG-lr3": ("IASG", "learning_rate = 3B/N", lambda n, b: {"learning_rate": 3 * b / n})}
 NUTS_SAMPLERS = ("numpyro", "nutpie", "pymc")
 # Tuning draws as on each sampler's documentation page (docs/samplers/*.md).
-SG_TUNE = {"IASG": 20, "IASG-lr3": 20, "SGLD": 300, "ConstantSGD": 50, "SGFS": 50, "SAGALD": 50, "SVRGLD": 50}
+SG_TUNE = {
+    "IASG": 20,
+    "IASG-lr3": 20,
+    "SGLD": 300,
+    "ConstantSGD": 50,
+    "SGFS": 50,
+    "SAGALD": 50,
+    "SVRGLD": 50,
+}
 # Prior ESS per draw per chain for the first attempt's budget at the first N (docs, benchmarks).
 PRIOR_ESS_PER_DRAW = {
     "IASG": 0.8,
@@ -307,11 +315,10 @@ def _tta(spec: dict) -> dict:
 
 def _reference(spec: dict) -> dict:
     """The long numpyro NUTS reference, saved to ``spec['path']``."""
+    import arviz as az
     import numpyro  # noqa: F401
     import pymc as pm
     import pymc.sampling.jax  # noqa: F401
-
-    import arviz as az
 
     _quiet()
     X, y = make_data(spec["n"], spec["d"], spec["seed"])
@@ -410,7 +417,6 @@ def floor_pass(n: int, b: int, grad_fn: Any, unroll: int = 1) -> Any:
     package's draw does), ``grad_fn(θ, X_batch, y_batch)`` the minibatch gradient."""
     import jax
     import jax.numpy as jnp
-
     from throughput import STEP_SIZE
 
     iterations = math.ceil(n / b)
@@ -438,7 +444,6 @@ def blackjax_pass(n: int, b: int) -> Any:
     """Jitted one pass (``ceil(n/b)`` steps) of ``blackjax.sgld`` with random-index batches."""
     import blackjax
     import jax
-
     from throughput import STEP_SIZE, hand_loglik_rows, hand_logprior
 
     def loglik_one(theta: Any, row: Any) -> Any:
@@ -612,7 +617,9 @@ def ensure_reference(args: argparse.Namespace, n: int) -> dict:
     result = run(spec)
     if "error" in result:
         raise RuntimeError(f"reference run failed: {result['error']}")
-    log(f"  {result['wall']:.0f} s, min ESS {result['ess_min']:.0f}, max r-hat {result['rhat_max']:.3f}")
+    log(
+        f"  {result['wall']:.0f} s, min ESS {result['ess_min']:.0f}, max r-hat {result['rhat_max']:.3f}"
+    )
     return {"path": str(path), "reused": False, "created": "this run", **result}
 
 
@@ -763,9 +770,18 @@ def pymc_nuts(args: argparse.Namespace, n: int, ref: dict, history: dict, rows: 
     short = run(spec)
     if "error" in short:
         log(f"  short run failed: {short['error'][-300:]}")
-        return {"n": n, "driver": "pymc", "sampler": "pymc", "reached": False, "final": short,
-                "attempts": [short], "n_attempts": 0, "total_elapsed": short["elapsed"],
-                "chains": chains, "tune": 1000}
+        return {
+            "n": n,
+            "driver": "pymc",
+            "sampler": "pymc",
+            "reached": False,
+            "final": short,
+            "attempts": [short],
+            "n_attempts": 0,
+            "total_elapsed": short["elapsed"],
+            "chains": chains,
+            "tune": 1000,
+        }
     evals_per_chain = (short["grad_evals_kept"] + short["grad_evals_warmup"]) / chains
     fixed = short["wall"] - short["sampling_time_attr"]
     s_per_eval = short["sampling_time_attr"] / evals_per_chain  # chains run side by side
@@ -862,7 +878,13 @@ def throughput(args: argparse.Namespace, n: int, samplers: list[str]) -> dict:
     return out
 
 
-_MICRO_KEYS = ("full_grad_bridge", "full_grad_hand", "bare_loop", "floor_pass_prng", "blackjax_sgld")
+_MICRO_KEYS = (
+    "full_grad_bridge",
+    "full_grad_hand",
+    "bare_loop",
+    "floor_pass_prng",
+    "blackjax_sgld",
+)
 
 
 # -----------------------------------------------------------------------------------------
@@ -993,11 +1015,19 @@ def render_throughput(tps: list[dict], samplers: list[str]) -> str:
 
     row("full-data gradient, bridge", [ms(micro(tp, "full_grad_bridge")) for tp in tps])
     row("full-data gradient, hand-written jnp", [ms(micro(tp, "full_grad_hand")) for tp in tps])
-    row("bare loop, per-iteration PRNG (`throughput.make_bare_pass`)", [ms(micro(tp, "bare_loop")) for tp in tps])
-    row("bare loop, PRNG once per pass (`floor_pass`)", [ms(micro(tp, "floor_pass_prng")) for tp in tps])
+    row(
+        "bare loop, per-iteration PRNG (`throughput.make_bare_pass`)",
+        [ms(micro(tp, "bare_loop")) for tp in tps],
+    )
+    row(
+        "bare loop, PRNG once per pass (`floor_pass`)",
+        [ms(micro(tp, "floor_pass_prng")) for tp in tps],
+    )
     row("BlackJAX `sgld`, random-index batches", [ms(micro(tp, "blackjax_sgld")) for tp in tps])
     for s in samplers:
-        row(f"{sampler_label(s)} (`pmsg.sample`, 1 chain)", [ms(sg_s_per_pass(tp, s)) for tp in tps])
+        row(
+            f"{sampler_label(s)} (`pmsg.sample`, 1 chain)", [ms(sg_s_per_pass(tp, s)) for tp in tps]
+        )
     lines.append("| **ratios** | " + " | " * (len(ns) - 1) + " |")
     for s in samplers:
         vals = []
@@ -1021,7 +1051,10 @@ def render_throughput(tps: list[dict], samplers: list[str]) -> str:
         "floor per pass",
         [f"{floor_of(tp) / micro(tp, 'full_grad_bridge'):.2f}× gradient" for tp in tps],
     )
-    row("load (1 min) at start", [f"{tp['runs']['fullgrad'].get('load_start', [math.nan])[0]:.1f}" for tp in tps])
+    row(
+        "load (1 min) at start",
+        [f"{tp['runs']['fullgrad'].get('load_start', [math.nan])[0]:.1f}" for tp in tps],
+    )
     others = [max(r.get("others", 0) for r in tp["runs"].values()) for tp in tps]
     row("other processes (max over the runs, cores)", [f"{o:.2f}" for o in others])
     return "\n".join(lines)
@@ -1042,7 +1075,9 @@ def render_linearity(tps: list[dict], samplers: list[str]) -> str:
     lines = [head, "|---|" + "---:|" * (len(ns) + (1 if len(ns) > 1 else 0))]
     for name, fn in names:
         vals = [fn(tp) for tp in tps]
-        cells = [f"{1e9 * v / n:.3g}" if math.isfinite(v) else "—" for v, n in zip(vals, ns)]
+        cells = [
+            f"{1e9 * v / n:.3g}" if math.isfinite(v) else "—" for v, n in zip(vals, ns, strict=True)
+        ]
         if len(ns) > 1:
             a, b = vals[-2], vals[-1]
             slope = math.log(b / a) / math.log(ns[-1] / ns[-2]) if a > 0 and b > 0 else math.nan
@@ -1073,7 +1108,11 @@ def render_memory(tps: list[dict], samplers: list[str], rows: list[dict]) -> str
     ):
         lines.append(f"| {label} | " + " | ".join(cell(tp["runs"].get(what)) for tp in tps) + " |")
     for s in samplers:
-        lines.append(f"| {sampler_label(s)}, 1 chain (`pmsg.sample`) | " + " | ".join(cell(tp["runs"].get(s)) for tp in tps) + " |")
+        lines.append(
+            f"| {sampler_label(s)}, 1 chain (`pmsg.sample`) | "
+            + " | ".join(cell(tp["runs"].get(s)) for tp in tps)
+            + " |"
+        )
     labels = []
     for row in rows:
         if row_label(row) not in labels:
@@ -1097,7 +1136,9 @@ def render_memory(tps: list[dict], samplers: list[str], rows: list[dict]) -> str
     return "\n".join(lines)
 
 
-def render_goals(rows: list[dict], tps: list[dict], samplers: list[str], args: argparse.Namespace) -> str:
+def render_goals(
+    rows: list[dict], tps: list[dict], samplers: list[str], args: argparse.Namespace
+) -> str:
     out = []
     n_big = max(tp["n"] for tp in tps) if tps else max(r["n"] for r in rows)
     ref_t, ref_name = fastest_nuts(rows, n_big)
@@ -1111,6 +1152,7 @@ def render_goals(rows: list[dict], tps: list[dict], samplers: list[str], args: a
             f"{row_label(r)}: {_fmt_s(t)} s{'' if kind == 'reached' else ' (' + kind + ')'}, "
             f"{speed:.2g}× faster {'✓' if ok else '✗'}"
         )
+
     def fast(r: dict) -> bool:
         return bool(r.get("reached")) and ref_t / r["final"]["wall"] >= 10
 
@@ -1224,9 +1266,17 @@ def make_figure(
             if r["driver"] == "pm" and kind == "reached":
                 hatch = ".."
             color = color_of(r)
-            ax1.bar(x, t, width, color=color, hatch=hatch, edgecolor="k", linewidth=0.4,
-                    alpha=1.0 if kind == "reached" else 0.55,
-                    label=lab if i == 0 or lab not in ax1.get_legend_handles_labels()[1] else None)
+            ax1.bar(
+                x,
+                t,
+                width,
+                color=color,
+                hatch=hatch,
+                edgecolor="k",
+                linewidth=0.4,
+                alpha=1.0 if kind == "reached" else 0.55,
+                label=lab if i == 0 or lab not in ax1.get_legend_handles_labels()[1] else None,
+            )
             ref_t, _ = fastest_nuts(rows, n)
             note = f"{t / ref_t:.2g}×" if math.isfinite(ref_t) else ""
             if kind != "reached":
@@ -1243,7 +1293,7 @@ def make_figure(
         fontsize=9,
     )
     handles, labs = ax1.get_legend_handles_labels()
-    uniq = dict(zip(labs, handles))
+    uniq = dict(zip(labs, handles, strict=True))
     ax1.legend(uniq.values(), uniq.keys(), fontsize=7, ncol=2, loc="upper left")
     ax1.grid(axis="y", which="both", alpha=0.3)
 
@@ -1254,7 +1304,15 @@ def make_figure(
         ("BlackJAX sgld", lambda tp: micro(tp, "blackjax_sgld"), "tab:red", ":", "^"),
     ]
     for k, s in enumerate(samplers):
-        series.append((sampler_label(s), lambda tp, s=s: sg_s_per_pass(tp, s), plt.get_cmap("tab10")(k), "-", "."))
+        series.append(
+            (
+                sampler_label(s),
+                lambda tp, s=s: sg_s_per_pass(tp, s),
+                plt.get_cmap("tab10")(k),
+                "-",
+                ".",
+            )
+        )
     for name, fn, color, ls, marker in series:
         vals = np.array([fn(tp) for tp in tps])
         ax2.plot(tns, vals, ls=ls, marker=marker, color=color, label=name)
@@ -1266,7 +1324,10 @@ def make_figure(
     ax2.set_yscale("log")
     ax2.set_xlabel("N (rows)")
     ax2.set_ylabel("seconds per data pass (1 chain)")
-    ax2.set_title(f"Seconds per pass vs N (B = {tps[0]['runs'].get('IASG', {}).get('batch_size', 256) if tps else ''})", fontsize=9)
+    ax2.set_title(
+        f"Seconds per pass vs N (B = {tps[0]['runs'].get('IASG', {}).get('batch_size', 256) if tps else ''})",
+        fontsize=9,
+    )
     ax2.grid(which="both", alpha=0.3)
     ax2.legend(fontsize=7)
     fig.tight_layout()
@@ -1300,7 +1361,11 @@ def render(results: dict, args: argparse.Namespace) -> str:
         "- references (numpyro NUTS): "
         + "; ".join(
             f"N = {int(n):,}: {ref['path']} "
-            + (f"(cached, made {ref['created']}, reused)" if ref["reused"] else f"(made in this run, {ref['wall']:.0f} s)")
+            + (
+                f"(cached, made {ref['created']}, reused)"
+                if ref["reused"]
+                else f"(made in this run, {ref['wall']:.0f} s)"
+            )
             + f", min ESS {ref['ess_min']:.0f}, max r-hat {ref['rhat_max']:.3f}"
             for n, ref in results["references"].items()
         ),
@@ -1363,7 +1428,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-attempts", type=int, default=4)
     p.add_argument("--max-attempt-seconds", type=float, default=1800)
     p.add_argument("--pymc-max-seconds", type=float, default=1800)
-    p.add_argument("--pm-sample-top", type=int, default=2, help="fastest SG samplers rerun via pm.sample")
+    p.add_argument(
+        "--pm-sample-top", type=int, default=2, help="fastest SG samplers rerun via pm.sample"
+    )
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--ref-draws", type=int, default=2000)
@@ -1403,7 +1470,11 @@ def main(argv: list[str] | None = None) -> None:
         results = collect(args, argv_used)
     section = render(results, args)
     make_figure(
-        results["rows"], results["throughput"], results["samplers"], Path(args.figure), args.target_ess
+        results["rows"],
+        results["throughput"],
+        results["samplers"],
+        Path(args.figure),
+        args.target_ess,
     )
     log(f"figure: {args.figure}")
     print(section)
@@ -1481,7 +1552,8 @@ def collect(args: argparse.Namespace, argv_used: list[str]) -> dict:
             # Skip a sampler whose draws equal one already chosen (SGFS's defaults are
             # ConstantSGD's full-preconditioner draws, bit for bit).
             same = [
-                q for q in fastest
+                q
+                for q in fastest
                 if q["final"]["ess_min"] == r["final"]["ess_min"]
                 and q["final"]["max_abs_mean_diff"] == r["final"]["max_abs_mean_diff"]
             ]
@@ -1489,8 +1561,15 @@ def collect(args: argparse.Namespace, argv_used: list[str]) -> dict:
                 fastest.append(r)
         for r in fastest:
             row = time_to_accuracy(
-                args, n, ref, "pm", r["sampler"], args.chains, r["tune"],
-                r["final"]["draws_per_chain"], None,
+                args,
+                n,
+                ref,
+                "pm",
+                r["sampler"],
+                args.chains,
+                r["tune"],
+                r["final"]["draws_per_chain"],
+                None,
             )
             results["rows"].append(row)
             save()
@@ -1499,7 +1578,9 @@ def collect(args: argparse.Namespace, argv_used: list[str]) -> dict:
                 row = pymc_nuts(args, n, ref, history, results["rows"])
             else:
                 draws = first_draws(args, name, args.nuts_chains, history)
-                row = time_to_accuracy(args, n, ref, name, name, args.nuts_chains, 1000, draws, None)
+                row = time_to_accuracy(
+                    args, n, ref, name, name, args.nuts_chains, 1000, draws, None
+                )
             if not row.get("extrapolated"):
                 remember(history, name, row)
             results["rows"].append(row)

@@ -579,7 +579,7 @@ def main() -> None:
         "",
         markdown(table),
         "",
-                "<details><summary>SG sampler settings (posterior attrs)</summary>",
+        "<details><summary>SG sampler settings (posterior attrs)</summary>",
         "",
         "```json",
         settings if len(settings) < 20000 else settings[:20000] + " …",

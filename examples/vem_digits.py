@@ -59,8 +59,13 @@ def fit_vem(Xt, yt, tune: int, draws: int, seed: int):
         pm.Categorical("y", logit_p=pm.Data("X", Xt) @ W + b, observed=yt)
         step = pmsg.ConstantSGD(batch_size=100, hyper_vars=[lam])
         idata = pm.sample(
-            draws=draws, tune=tune, chains=1, step=step, random_seed=seed,
-            progressbar=False, compute_convergence_checks=False,
+            draws=draws,
+            tune=tune,
+            chains=1,
+            step=step,
+            random_seed=seed,
+            progressbar=False,
+            compute_convergence_checks=False,
         )
     trajectory = np.exp(np.asarray(step.hyper_trajectory)[:, 0])
     return float(idata.posterior["lam"].values[0, -1]), trajectory
@@ -80,7 +85,9 @@ def main() -> None:
     t0 = time.perf_counter()
     lam_vem, trajectory = fit_vem(Xt, yt, args.tune, args.draws, seed=1)
     print(f"validation-optimal λ on the grid: {best:.3g}")
-    print(f"variational-EM λ: {lam_vem:.3g} ({time.perf_counter() - t0:.0f} s); ratio {lam_vem / best:.2f}")
+    print(
+        f"variational-EM λ: {lam_vem:.3g} ({time.perf_counter() - t0:.0f} s); ratio {lam_vem / best:.2f}"
+    )
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.2))
