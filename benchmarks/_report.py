@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-__all__ = ["REPO", "append_section", "git_state", "run_script"]
+__all__ = ["REPO", "ScriptTimeout", "append_section", "git_state", "run_script"]
 
 
 def git_state() -> str:
@@ -44,18 +45,40 @@ def append_section(path: Path, section: str, heading: str, intro: str) -> None:
     path.write_text(text)
 
 
-def run_script(code: str, *args: object, env: dict[str, str] | None = None) -> dict:
+class ScriptTimeout(RuntimeError):
+    """A :func:`run_script` child killed at its time limit."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"killed after {seconds:.0f} s (time limit)")
+        self.seconds = seconds
+
+
+def run_script(
+    code: str, *args: object, env: dict[str, str] | None = None, timeout: float | None = None
+) -> dict:
     """Run ``code`` in a fresh interpreter with ``args`` and return the JSON it prints on a
     line starting with ``RESULT`` (a fresh process per measurement: its own peak memory, its
-    own JAX device count)."""
-    out = subprocess.run(
+    own JAX device count). Past ``timeout`` seconds the child and every process it started
+    (``pm.sample``'s workers) are killed and :class:`ScriptTimeout` is raised."""
+    proc = subprocess.Popen(
         [sys.executable, "-c", code, *map(str, args)],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, **(env or {})},
         cwd=REPO,
+        start_new_session=True,  # its own process group: killed with its workers
     )
-    if out.returncode != 0:
-        raise RuntimeError(out.stderr[-3000:])
-    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT"))
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+        raise ScriptTimeout(timeout) from None
+    if proc.returncode != 0:
+        raise RuntimeError(stderr[-3000:])
+    line = next(ln for ln in stdout.splitlines() if ln.startswith("RESULT"))
     return json.loads(line[len("RESULT") :])

@@ -103,11 +103,12 @@ import shlex
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import REPO, append_section, git_state, run_script  # noqa: E402
+from _report import REPO, ScriptTimeout, append_section, git_state, run_script  # noqa: E402
 
 HEADING = "## SG-MCMC vs NUTS: time to an accurate posterior (issue 6)"
 INTRO = (
@@ -119,7 +120,10 @@ INTRO = (
 SG_SAMPLERS = ("IASG", "IASG-lr3", "ConstantSGD", "SGFS", "SGLD", "SAGALD", "SVRGLD")
 # Non-default settings, run beside the defaults (the module docstring says why).
 VARIANTS = {"IASG-lr3": ("IASG", "learning_rate = 3B/N", lambda n, b: {"learning_rate": 3 * b / n})}
-NUTS_SAMPLERS = ("numpyro", "nutpie", "pymc")
+# In this order: each NUTS after the first is stopped once slower than the fastest so far.
+NUTS_SAMPLERS = ("numpyro", "nutpie-jax", "nutpie", "pymc")
+# nutpie's JAX backend (for the logp and its gradient) instead of its default, numba.
+NUTPIE_JAX = {"backend": "jax", "gradient_backend": "jax"}
 # Tuning draws as on each sampler's documentation page (docs/samplers/*.md).
 SG_TUNE = {
     "IASG": 20,
@@ -140,10 +144,16 @@ PRIOR_ESS_PER_DRAW = {
     "SAGALD": 0.3,
     "SVRGLD": 0.3,
     "numpyro": 0.8,
+    "nutpie-jax": 0.8,
     "nutpie": 0.8,
     "pymc": 0.8,
 }
-NUTS_LABEL = {"numpyro": "NUTS (numpyro)", "nutpie": "NUTS (nutpie)", "pymc": "NUTS (PyMC)"}
+NUTS_LABEL = {
+    "numpyro": "NUTS (numpyro)",
+    "nutpie-jax": "NUTS (nutpie, JAX backend)",
+    "nutpie": "NUTS (nutpie, numba backend)",
+    "pymc": "NUTS (PyMC)",
+}
 MARGIN = 1.25  # budgets aim at MARGIN × target ESS
 
 
@@ -256,7 +266,7 @@ def _tta(spec: dict) -> dict:
     if driver == "numpyro":
         import numpyro  # noqa: F401
         import pymc.sampling.jax  # noqa: F401  (rewrites XLA_FLAGS: in this process only)
-    elif driver == "nutpie":
+    elif driver.startswith("nutpie"):
         import nutpie  # noqa: F401
     import arviz  # noqa: F401
     import pymc as pm
@@ -290,6 +300,8 @@ def _tta(spec: dict) -> dict:
             t_step = 0.0
             if driver == "pymc":
                 idata = pm.sample(cores=spec["cores"], discard_tuned_samples=False, **common)
+            elif driver == "nutpie-jax":
+                idata = pm.sample(nuts_sampler="nutpie", nuts_sampler_kwargs=NUTPIE_JAX, **common)
             else:
                 idata = pm.sample(nuts_sampler=driver, **common)
     wall = time.perf_counter() - t0
@@ -311,6 +323,34 @@ def _tta(spec: dict) -> dict:
             out["learning_rate"] = float(step.learning_rate)
     out.update(_criteria(idata, spec["ref"]))
     return out
+
+
+def _grad_time(spec: dict) -> dict:
+    """Seconds per gradient evaluation of the log-density PyMC's NUTS compiles
+    (``model.logp_dlogp_function``, the function its leapfrog steps call): the median of
+    ``spec['calls']`` calls after a first one, and the compilation time."""
+    import numpy as np
+
+    _quiet()
+    X, y = make_data(spec["n"], spec["d"], spec["seed"])
+    model = make_model(X, y)
+    del X
+    t0 = time.perf_counter()
+    fn = model.logp_dlogp_function(ravel_inputs=True)
+    fn.set_extra_values({})
+    x = np.zeros(spec["d"])
+    fn(x)
+    compile_s = time.perf_counter() - t0
+    times = []
+    for _ in range(spec["calls"]):
+        t = time.perf_counter()
+        fn(x + 0.01 * len(times))
+        times.append(time.perf_counter() - t)
+    return {
+        "s_per_grad_eval": float(np.median(times)),
+        "compile": compile_s,
+        "load_start": os.getloadavg(),
+    }
 
 
 def _reference(spec: dict) -> dict:
@@ -518,7 +558,13 @@ def _micro(spec: dict) -> dict:
 def worker(argv: list[str]) -> None:
     spec = json.loads(argv[0])
     kind = spec["kind"]
-    fn = {"tta": _tta, "reference": _reference, "sg_pass": _sg_pass, "micro": _micro}[kind]
+    fn = {
+        "tta": _tta,
+        "reference": _reference,
+        "sg_pass": _sg_pass,
+        "micro": _micro,
+        "grad_time": _grad_time,
+    }[kind]
     result = fn(spec)
     print("RESULT" + json.dumps(result), flush=True)
 
@@ -563,13 +609,16 @@ class Meter:
         return max(busy - own, 0.0) / max(time.perf_counter() - self.wall0, 1e-9)
 
 
-def run(spec: dict) -> dict:
+def run(spec: dict, timeout: float | None = None) -> dict:
     """``spec`` in a fresh interpreter; the result with ``others`` (cores) and ``elapsed``;
-    ``{"error": ...}`` if it failed."""
+    ``{"error": ...}`` if it failed, with ``killed`` (seconds) if killed at ``timeout``."""
     meter = Meter()
+    load = os.getloadavg()
     t0 = time.perf_counter()
     try:
-        result = run_script(_WORKER, json.dumps(spec))
+        result = run_script(_WORKER, json.dumps(spec), timeout=timeout)
+    except ScriptTimeout as err:
+        result = {"error": str(err), "killed": err.seconds, "load_start": load}
     except RuntimeError as err:
         result = {"error": str(err)[-1500:]}
     result["others"] = meter.others()
@@ -647,9 +696,12 @@ def time_to_accuracy(
     tune: int,
     draws: int,
     predict_seconds: Any,
+    timeout: float | Callable[[int], float] | None = None,
 ) -> dict:
     """The attempt protocol of the module docstring; ``predict_seconds(draws)`` (or None)
-    estimates an attempt's wall time before the first one is run."""
+    estimates an attempt's wall time before the first one is run; an attempt still running
+    after ``timeout`` seconds (or ``timeout(draws)``) is killed and ends the protocol
+    (``row['killed']``)."""
     attempts: list[dict] = []
     label = f"{sampler} ({driver})"
     total = 0.0
@@ -678,11 +730,18 @@ def time_to_accuracy(
             "cores": 2,
             "ref": ref["path"],
         }
-        log(f"N={n}: {label}: attempt {len(attempts) + 1}, {chains} chains x ({tune} + {draws})")
-        r = run(spec)
+        limit = timeout(draws) if callable(timeout) else timeout
+        log(
+            f"N={n}: {label}: attempt {len(attempts) + 1}, {chains} chains x ({tune} + {draws})"
+            + (f", killed after {limit:.0f} s" if limit else "")
+        )
+        r = run(spec, timeout=limit)
         r["draws_per_chain"] = draws
         attempts.append(r)
         total += r["elapsed"]
+        if "killed" in r:
+            log(f"  killed after {r['killed']:.0f} s")
+            break
         if "error" in r:
             log(f"  FAILED: {r['error'].strip().splitlines()[-1] if r['error'].strip() else '?'}")
             break
@@ -725,6 +784,14 @@ def time_to_accuracy(
         "final": last,
         "first_capped": capped,
     }
+    if "killed" in last:
+        # A lower bound on the time to accuracy: a passing run makes at least the killed
+        # attempt's warm-up iterations (draws only grow between attempts), which take at least
+        # their share of its iterations' time (NUTS warm-up trees are no cheaper than later
+        # ones); the attempt's own wall time exceeded the limit.
+        row["killed"] = last["killed"]
+        row["lower_bound"] = last["killed"] * tune / (tune + draws)
+        return row
     if not passed and "error" not in last and last["ess_min"] > 0:
         # Extrapolated: the fixed part plus the draws for target ESS at the last ESS per draw.
         ess_per_draw = last["ess_min"] / last["draws_per_chain"]
@@ -736,6 +803,24 @@ def time_to_accuracy(
         )
         row["extrapolated_wall"] = last["wall"] + (need - last["draws_per_chain"]) * per_draw
     return row
+
+
+def nuts_time_limit(args: argparse.Namespace, rows: list[dict], n: int) -> Callable[[int], float]:
+    """``draws -> seconds`` after which a NUTS attempt is killed: ``--nuts-max-seconds``, or
+    sooner once it is certainly slower than the fastest NUTS that reached the accuracy at this
+    N (time ``T``): at ``T · (1000 + draws) / 1000``, when even its 1000 warm-up draws' share
+    of the time exceeds ``T`` (the lower bound :func:`time_to_accuracy` reports)."""
+    reached = [
+        r["final"]["wall"]
+        for r in rows
+        if r["n"] == n and r["driver"] in NUTS_SAMPLERS and r.get("reached")
+    ]
+    best = min(reached, default=math.inf)
+
+    def limit(draws: int) -> float:
+        return min(args.nuts_max_seconds, best * (1000 + draws) / 1000)
+
+    return limit
 
 
 def first_draws(args: argparse.Namespace, name: str, chains: int, history: dict) -> int:
@@ -750,66 +835,103 @@ def remember(history: dict, name: str, row: dict) -> None:
 
 
 def pymc_nuts(args: argparse.Namespace, n: int, ref: dict, history: dict, rows: list) -> dict:
-    """PyMC's default NUTS: a short run, then the full protocol or an extrapolation."""
+    """PyMC's default NUTS: the full protocol if predicted to fit in ``--pymc-max-seconds``,
+    else its time extrapolated.
+
+    The prediction needs PyMC's seconds per gradient evaluation at this ``N`` and its tree
+    sizes and ESS per draw. With a full PyMC run at a smaller N (the largest), the tree sizes
+    and ESS per draw are that run's (they hardly depend on N for this model) and the seconds
+    per gradient are timed directly (``_grad_time``: the compiled ``logp_dlogp_function``
+    NUTS calls, one process). Without one, a short run (100 + 100 draws) gives all of them
+    (its early warm-up trees are deep, so at large N it is itself long)."""
     chains = args.nuts_chains
-    log(f"N={n}: NUTS (pymc): short run, {chains} chains x (100 + 100)")
-    spec = {
-        "kind": "tta",
-        "driver": "pymc",
-        "sampler": "pymc",
-        "n": n,
-        "d": args.d,
-        "seed": args.seed,
-        "chain_seed": 1,
-        "draws": 100,
-        "tune": 100,
-        "chains": chains,
-        "cores": 2,
-        "ref": ref["path"],
-    }
-    short = run(spec)
-    if "error" in short:
-        log(f"  short run failed: {short['error'][-300:]}")
-        return {
-            "n": n,
-            "driver": "pymc",
-            "sampler": "pymc",
-            "reached": False,
-            "final": short,
-            "attempts": [short],
-            "n_attempts": 0,
-            "total_elapsed": short["elapsed"],
-            "chains": chains,
-            "tune": 1000,
-        }
-    evals_per_chain = (short["grad_evals_kept"] + short["grad_evals_warmup"]) / chains
-    fixed = short["wall"] - short["sampling_time_attr"]
-    s_per_eval = short["sampling_time_attr"] / evals_per_chain  # chains run side by side
-    # Tree sizes and ESS per draw: PyMC's own full run at the largest smaller N, else this one.
     source = None
     for row in reversed(rows):
         if row["driver"] == "pymc" and row.get("reached") and not row.get("extrapolated"):
             source = row
             break
+    short = None
     if source is not None:
         f = source["final"]
         lf_warm, lf_draw = f["steps_per_warmup_draw"], f["steps_per_draw"]
         ess_per_draw = f["ess_min"] / (f["chains"] * f["draws_per_chain"])
-        source_txt = f"tree sizes and ESS/draw of PyMC's full run at N = {source['n']:,}"
+        fixed = f["wall"] - f["sampling_time_attr"]
+        log(f"N={n}: NUTS (pymc): timing its gradient")
+        spec = {"kind": "grad_time", "n": n, "d": args.d, "seed": args.seed, "calls": 30}
+        timing = run(spec, timeout=args.pymc_max_seconds)
+        if "error" in timing:
+            log(f"  gradient timing failed: {timing['error'][-300:]}")
+            return {
+                "n": n,
+                "driver": "pymc",
+                "sampler": "pymc",
+                "reached": False,
+                "final": timing,
+                "attempts": [timing],
+                "n_attempts": 0,
+                "total_elapsed": timing["elapsed"],
+                "chains": chains,
+                "tune": 1000,
+            }
+        s_per_eval = timing["s_per_grad_eval"]
+        source_txt = (
+            f"seconds per gradient timed at this N (median of 30 calls of the compiled "
+            f"logp_dlogp_function, one process); tree sizes, ESS per draw and fixed time of "
+            f"PyMC's full run at N = {source['n']:,}"
+        )
+        measured = timing
     else:
+        log(f"N={n}: NUTS (pymc): short run, {chains} chains x (100 + 100)")
+        spec = {
+            "kind": "tta",
+            "driver": "pymc",
+            "sampler": "pymc",
+            "n": n,
+            "d": args.d,
+            "seed": args.seed,
+            "chain_seed": 1,
+            "draws": 100,
+            "tune": 100,
+            "chains": chains,
+            "cores": 2,
+            "ref": ref["path"],
+        }
+        short = run(spec, timeout=args.pymc_max_seconds)
+        if "error" in short:
+            log(f"  short run failed: {short['error'][-300:]}")
+            return {
+                "n": n,
+                "driver": "pymc",
+                "sampler": "pymc",
+                "reached": False,
+                "final": short,
+                "attempts": [short],
+                "n_attempts": 0,
+                "total_elapsed": short["elapsed"],
+                "chains": chains,
+                "tune": 1000,
+            }
+        evals_per_chain = (short["grad_evals_kept"] + short["grad_evals_warmup"]) / chains
+        fixed = short["wall"] - short["sampling_time_attr"]
+        s_per_eval = short["sampling_time_attr"] / evals_per_chain  # chains side by side
         lf_warm, lf_draw = short["steps_per_warmup_draw"], short["steps_per_draw"]
         ess_per_draw = PRIOR_ESS_PER_DRAW["pymc"]
-        source_txt = "tree sizes of the short run, prior ESS/draw 0.8"
+        source_txt = (
+            f"short run: {chains} chains × (100 + 100) in {short['wall']:.0f} s, its seconds "
+            "per gradient and tree sizes, prior ESS/draw 0.8"
+        )
+        measured = short
     draws_needed = args.target_ess / (chains * ess_per_draw)
     predicted = fixed + (1000 * lf_warm + draws_needed * lf_draw) * s_per_eval
-    log(
-        f"  short run {short['wall']:.1f} s ({s_per_eval * 1e3:.2f} ms per gradient); "
-        f"full protocol predicted {predicted:.0f} s"
-    )
+    log(f"  {s_per_eval * 1e3:.2f} ms per gradient; full protocol predicted {predicted:.0f} s")
     if predicted <= args.pymc_max_seconds:
         draws = first_draws(args, "pymc", chains, history)
-        row = time_to_accuracy(args, n, ref, "pymc", "pymc", chains, 1000, draws, None)
-        row["short_run"] = short
+        row = time_to_accuracy(
+            args, n, ref, "pymc", "pymc", chains, 1000, draws, None, args.pymc_max_seconds
+        )
+        row["prediction"] = {"predicted": predicted, "source": source_txt}
+        if short is not None:
+            row["short_run"] = short
         return row
     return {
         "n": n,
@@ -817,7 +939,7 @@ def pymc_nuts(args: argparse.Namespace, n: int, ref: dict, history: dict, rows: 
         "sampler": "pymc",
         "chains": chains,
         "tune": 1000,
-        "attempts": [short],
+        "attempts": [measured],
         "n_attempts": 0,
         "reached": False,
         "extrapolated": True,
@@ -831,8 +953,8 @@ def pymc_nuts(args: argparse.Namespace, n: int, ref: dict, history: dict, rows: 
             "draws_needed": draws_needed,
             "source": source_txt,
         },
-        "total_elapsed": short["elapsed"],
-        "final": short,
+        "total_elapsed": measured["elapsed"],
+        "final": measured,
         "short_run": short,
     }
 
@@ -904,22 +1026,29 @@ def _load(r: dict) -> str:
 
 
 def row_time(row: dict) -> tuple[float, str]:
-    """(seconds, kind): kind is 'reached', 'extrapolated' or 'not reached'."""
+    """(seconds, kind): kind is 'reached', 'killed' (seconds: a lower bound), 'extrapolated'
+    or 'not reached' (seconds: extrapolated, or nan)."""
     if row.get("reached"):
         return row["final"]["wall"], "reached"
+    if row.get("killed"):
+        return row["lower_bound"], "killed"
     if row.get("extrapolated"):
         return row["extrapolated_wall"], "extrapolated"
     return row.get("extrapolated_wall", float("nan")), "not reached"
 
 
 def fastest_nuts(rows: list[dict], n: int) -> tuple[float, str]:
+    """The fastest NUTS at ``n``: the smallest time among those that reached the accuracy and
+    the lower bounds of killed ones (a bound smaller than every reached time makes the
+    fastest time itself a lower bound, said in the label); else extrapolated times."""
     best = (math.inf, "")
-    for kind in ("reached", "extrapolated", "not reached"):
+    for kinds in (("reached", "killed"), ("extrapolated",), ("not reached",)):
         for row in rows:
             if row["n"] == n and row["driver"] in NUTS_SAMPLERS:
                 t, k = row_time(row)
-                if k == kind and t < best[0]:
-                    best = (t, NUTS_LABEL[row["driver"]] + ("" if k == "reached" else f", {k}"))
+                if k in kinds and t < best[0]:
+                    note = {"reached": "", "killed": ", killed: a lower bound"}.get(k, f", {k}")
+                    best = (t, NUTS_LABEL[row["driver"]] + note)
         if math.isfinite(best[0]):
             return best
     return best
@@ -951,11 +1080,32 @@ def render_tta(rows: list[dict], args: argparse.Namespace) -> str:
         f = row["final"]
         t, kind = row_time(row)
         ref_t, _ = fastest_nuts(rows, n)
+        if kind == "killed":
+            tcell = (
+                f"> {_fmt_s(t)} (killed after {_fmt_s(row['killed'])} s: 1000 of "
+                f"{1000 + f['draws_per_chain']} draws' share)"
+            )
+            lines.append(
+                f"| {n:,} | {row_label(row)} | {row['chains']} × "
+                f"(1000 + {f['draws_per_chain']}) | {row['n_attempts']} | {tcell} "
+                f"| > {t / ref_t:.3g}× | | | | | {row['total_elapsed']:.0f} | "
+                f"| {_load(f)} / {f['others']:.2f} |"
+            )
+            continue
         if "error" in f:
             lines.append(
                 f"| {n:,} | {row_label(row)} | | {row['n_attempts']} | error: "
                 f"{f['error'].strip().splitlines()[-1][:80] if f['error'].strip() else '?'} "
                 f"| | | | | | {row['total_elapsed']:.0f} | | |"
+            )
+            continue
+        if kind == "extrapolated":
+            e = row["extrapolation"]
+            lines.append(
+                f"| {n:,} | {row_label(row)} | {row['chains']} × (1000 + "
+                f"{e['draws_needed']:.0f}) predicted | 0 | {_fmt_s(t)} (extrapolated) "
+                f"| {t / ref_t:.3g}× (extrap.) | | (not run) | (not run) | | "
+                f"{row['total_elapsed']:.0f} | | {_load(f)} / {f.get('others', 0):.2f} |"
             )
             continue
         if kind == "reached":
@@ -1148,9 +1298,10 @@ def render_goals(
         t, kind = row_time(r)
         speed = ref_t / t if math.isfinite(t) else math.nan
         ok = kind == "reached" and speed >= 10
+        bound = "≥ " if "lower bound" in ref_name else ""
         lines.append(
             f"{row_label(r)}: {_fmt_s(t)} s{'' if kind == 'reached' else ' (' + kind + ')'}, "
-            f"{speed:.2g}× faster {'✓' if ok else '✗'}"
+            f"{bound}{speed:.2g}× faster {'✓' if ok else '✗'}"
         )
 
     def fast(r: dict) -> bool:
@@ -1245,7 +1396,7 @@ def make_figure(
             labels.append(lab)
     width = 0.8 / max(len(labels), 1)
     sg_colors = {s: plt.get_cmap("tab10")(k) for k, s in enumerate(samplers)}
-    nuts_colors = {"numpyro": "0.25", "nutpie": "0.5", "pymc": "0.75"}
+    nuts_colors = {"numpyro": "0.2", "nutpie-jax": "0.4", "nutpie": "0.6", "pymc": "0.8"}
 
     def color_of(r: dict) -> Any:
         if r["driver"] in nuts_colors:
@@ -1262,7 +1413,9 @@ def make_figure(
             if not math.isfinite(t):
                 continue
             x = i + (j - (len(labels) - 1) / 2) * width
-            hatch = {"reached": None, "extrapolated": "//", "not reached": "xx"}[kind]
+            hatch = {"reached": None, "extrapolated": "//", "not reached": "xx", "killed": "++"}[
+                kind
+            ]
             if r["driver"] == "pm" and kind == "reached":
                 hatch = ".."
             color = color_of(r)
@@ -1288,7 +1441,8 @@ def make_figure(
     ax1.set_title(
         f"Time to a posterior within 0.1 sd (means) and 10% (sds) with ≥ {target:.0f} ESS, "
         "4 SG chains / 2 NUTS chains on 2 cores\nannotation: ratio to the fastest NUTS; "
-        "* = hatched: extrapolated (//) or not reached, time extrapolated (xx); "
+        "* = hatched: extrapolated (//), not reached, time extrapolated (xx), killed: "
+        "lower bound (++); "
         "dotted: pm.sample",
         fontsize=9,
     )
@@ -1298,6 +1452,8 @@ def make_figure(
     ax1.grid(axis="y", which="both", alpha=0.3)
 
     tns = [tp["n"] for tp in tps]
+    if not tns:  # --no-throughput
+        ax2.set_axis_off()
     series = [
         ("full-data gradient", lambda tp: micro(tp, "full_grad_bridge"), "k", "-", "o"),
         ("floor (bare JAX loop)", floor_of, "0.4", "--", "s"),
@@ -1320,8 +1476,9 @@ def make_figure(
         x = np.array([tns[0], tns[-1]], dtype=float)
         y0 = micro(tps[-1], "full_grad_bridge")
         ax2.plot(x, y0 * x / tns[-1], color="k", alpha=0.2, lw=6, label="∝ N (slope 1)")
-    ax2.set_xscale("log")
-    ax2.set_yscale("log")
+    if tns:
+        ax2.set_xscale("log")
+        ax2.set_yscale("log")
     ax2.set_xlabel("N (rows)")
     ax2.set_ylabel("seconds per data pass (1 chain)")
     ax2.set_title(
@@ -1357,7 +1514,11 @@ def render(results: dict, args: argparse.Namespace) -> str:
         f"{args.chains} (`pmsg.sample`, 2 groups on 2 cores), NUTS chains {args.nuts_chains}",
         f"- criteria: every |Δmean| ≤ {args.mean_tol} reference sd, every sd ratio within "
         f"{args.sd_tol:.0%}, min bulk ESS ≥ {args.target_ess}; at most {args.max_attempts} "
-        f"attempts, next attempt only if predicted < {args.max_attempt_seconds:.0f} s",
+        f"attempts, next attempt only if predicted < {args.max_attempt_seconds:.0f} s; "
+        f"numpyro / nutpie attempts killed after {args.nuts_max_seconds:.0f} s or once "
+        "slower than the fastest NUTS that reached the accuracy (see the notes under the "
+        f"table); PyMC's NUTS run if predicted < {args.pymc_max_seconds:.0f} s, else "
+        "extrapolated",
         "- references (numpyro NUTS): "
         + "; ".join(
             f"N = {int(n):,}: {ref['path']} "
@@ -1388,8 +1549,16 @@ def render(results: dict, args: argparse.Namespace) -> str:
             f"- NUTS (PyMC) at N = {r['n']:,} extrapolated: fixed {e['fixed_seconds']:.0f} s + "
             f"(1000 × {e['steps_per_warmup_draw']:.1f} + {e['draws_needed']:.0f} × "
             f"{e['steps_per_draw']:.1f}) gradient evaluations × {1e3 * e['s_per_grad_eval']:.1f} "
-            f"ms (short run: 2 chains × (100 + 100) in {r['final']['wall']:.0f} s); {e['source']}."
+            f"ms per chain (the chains side by side); {e['source']}."
         )
+    for r in rows:
+        if r.get("killed"):
+            lines.append(
+                f"- {row_label(r)} at N = {r['n']:,} killed after {r['killed']:.0f} s: "
+                f"{'slower than the fastest NUTS already' if r['killed'] < args.nuts_max_seconds - 1 else 'the time limit'}"
+                f"; lower bound = {r['killed']:.0f} s × 1000 / (1000 + {r['final']['draws_per_chain']}) "
+                "(its warm-up draws' share; a passing run makes at least those)."
+            )
     if tps:
         lines += [
             "",
@@ -1427,7 +1596,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sd-tol", type=float, default=0.1)
     p.add_argument("--max-attempts", type=int, default=4)
     p.add_argument("--max-attempt-seconds", type=float, default=1800)
-    p.add_argument("--pymc-max-seconds", type=float, default=1800)
+    p.add_argument("--pymc-max-seconds", type=float, default=600)
+    p.add_argument(
+        "--nuts-max-seconds",
+        type=float,
+        default=1800,
+        help="numpyro/nutpie attempts are killed after this (and once slower than the fastest)",
+    )
     p.add_argument(
         "--pm-sample-top", type=int, default=2, help="fastest SG samplers rerun via pm.sample"
     )
@@ -1579,7 +1754,16 @@ def collect(args: argparse.Namespace, argv_used: list[str]) -> dict:
             else:
                 draws = first_draws(args, name, args.nuts_chains, history)
                 row = time_to_accuracy(
-                    args, n, ref, name, name, args.nuts_chains, 1000, draws, None
+                    args,
+                    n,
+                    ref,
+                    name,
+                    name,
+                    args.nuts_chains,
+                    1000,
+                    draws,
+                    None,
+                    nuts_time_limit(args, results["rows"], n),
                 )
             if not row.get("extrapolated"):
                 remember(history, name, row)
