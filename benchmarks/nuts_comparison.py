@@ -834,6 +834,22 @@ def remember(history: dict, name: str, row: dict) -> None:
         history[name] = last["ess_min"] / (last["chains"] * last["draws_per_chain"])
 
 
+def _pymc_failed_row(n: int, chains: int, result: dict) -> dict:
+    """PyMC's NUTS row when the measurement its prediction needs failed (rendered as an error)."""
+    return {
+        "n": n,
+        "driver": "pymc",
+        "sampler": "pymc",
+        "reached": False,
+        "final": result,
+        "attempts": [result],
+        "n_attempts": 0,
+        "total_elapsed": result["elapsed"],
+        "chains": chains,
+        "tune": 1000,
+    }
+
+
 def pymc_nuts(args: argparse.Namespace, n: int, ref: dict, history: dict, rows: list) -> dict:
     """PyMC's default NUTS: the full protocol if predicted to fit in ``--pymc-max-seconds``,
     else its time extrapolated.
@@ -861,18 +877,7 @@ def pymc_nuts(args: argparse.Namespace, n: int, ref: dict, history: dict, rows: 
         timing = run(spec, timeout=args.pymc_max_seconds)
         if "error" in timing:
             log(f"  gradient timing failed: {timing['error'][-300:]}")
-            return {
-                "n": n,
-                "driver": "pymc",
-                "sampler": "pymc",
-                "reached": False,
-                "final": timing,
-                "attempts": [timing],
-                "n_attempts": 0,
-                "total_elapsed": timing["elapsed"],
-                "chains": chains,
-                "tune": 1000,
-            }
+            return _pymc_failed_row(n, chains, timing)
         s_per_eval = timing["s_per_grad_eval"]
         source_txt = (
             f"seconds per gradient timed at this N (median of 30 calls of the compiled "
@@ -899,18 +904,7 @@ def pymc_nuts(args: argparse.Namespace, n: int, ref: dict, history: dict, rows: 
         short = run(spec, timeout=args.pymc_max_seconds)
         if "error" in short:
             log(f"  short run failed: {short['error'][-300:]}")
-            return {
-                "n": n,
-                "driver": "pymc",
-                "sampler": "pymc",
-                "reached": False,
-                "final": short,
-                "attempts": [short],
-                "n_attempts": 0,
-                "total_elapsed": short["elapsed"],
-                "chains": chains,
-                "tune": 1000,
-            }
+            return _pymc_failed_row(n, chains, short)
         evals_per_chain = (short["grad_evals_kept"] + short["grad_evals_warmup"]) / chains
         fixed = short["wall"] - short["sampling_time_attr"]
         s_per_eval = short["sampling_time_attr"] / evals_per_chain  # chains side by side
