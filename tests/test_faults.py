@@ -213,9 +213,10 @@ _INTERRUPT_SCRIPT = textwrap.dedent(
 def test_sigint_during_pm_sample_returns_the_draws_so_far():
     """Ctrl-C stops the sampling and pm.sample returns the draws so far.
 
-    CPython can drop a KeyboardInterrupt: when its handler runs inside a ``__eq__`` or
-    ``__hash__`` that C code calls through ``PyDict_GetItem``, the error is cleared (seen
-    about once in three full test runs under load: the child sampled on for two minutes).
+    An interrupt is occasionally lost (seen in 2 of 3 full test runs one day: the child
+    sampled on for two minutes; never reproduced alone). The likely cause is CPython's: a
+    KeyboardInterrupt raised inside a Python ``__eq__``/``__hash__`` that C code calls
+    through ``PyDict_GetItem`` is cleared.
     A user then presses Ctrl-C again; so does this test, but only when the child is
     provably still sampling — a progress line printed more than 3 s after the last SIGINT
     — so that a second interrupt never hits PyMC's clean-up of the first."""
