@@ -227,18 +227,24 @@ def test_sigint_during_pm_sample_returns_the_draws_so_far():
         text=True,
     )
     lines: list[tuple[float, str]] = []
+    errors: list[str] = []
 
     def read() -> None:
         for line in proc.stdout:
             lines.append((time.monotonic(), line.strip()))
 
-    reader = threading.Thread(target=read, daemon=True)
+    def read_stderr() -> None:
+        errors.append(proc.stderr.read())
+
+    # Both pipes are drained by threads only (communicate() would race the stdout reader).
+    readers = [threading.Thread(target=f, daemon=True) for f in (read, read_stderr)]
     try:
         line = proc.stdout.readline()
         if line.strip() != "RUNNING":
             proc.kill()  # before reading its stderr: a child blocked on a full stdout never ends
             pytest.fail(f"{line!r}\n{proc.stderr.read()[-3000:]}")
-        reader.start()
+        for reader in readers:
+            reader.start()
         time.sleep(0.5)
         sent = [time.monotonic()]
         proc.send_signal(signal.SIGINT)
@@ -248,10 +254,12 @@ def test_sigint_during_pm_sample_returns_the_draws_so_far():
             if any(t > sent[-1] + 3 and text.startswith("AT") for t, text in lines):
                 sent.append(time.monotonic())  # the interrupt was lost: press Ctrl-C again
                 proc.send_signal(signal.SIGINT)
-        err = proc.communicate(timeout=max(deadline - time.monotonic(), 1))[1]
-        reader.join(timeout=10)
+        proc.wait(timeout=max(deadline - time.monotonic(), 1))
+        for reader in readers:
+            reader.join(timeout=10)
     finally:
         proc.kill()
+    err = "".join(errors)
     assert proc.returncode == 0, err[-3000:]
     assert len(sent) <= 3, f"{len(sent)} interrupts were needed"
     out = " ".join(text for _, text in lines)
