@@ -1352,7 +1352,7 @@ def render_goals(
 def machine_lines(args: argparse.Namespace) -> list[str]:
     from importlib.metadata import version
 
-    from throughput import _cpu_model
+    from throughput import cpu_model
 
     def v(name: str) -> str:
         try:
@@ -1363,7 +1363,7 @@ def machine_lines(args: argparse.Namespace) -> list[str]:
     mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
     return [
-        f"- machine: {_cpu_model()}, {os.cpu_count()} cores (usable {affinity}), "
+        f"- machine: {cpu_model()}, {os.cpu_count()} cores (usable {affinity}), "
         f"{mem_gb:.1f} GB RAM, no GPU; {platform.platform()}",
         f"- versions: python {platform.python_version()}, jax {v('jax')}, pymc {v('pymc')}, "
         f"pytensor {v('pytensor')}, numpyro {v('numpyro')}, nutpie {v('nutpie')}, "

@@ -451,7 +451,7 @@ def _package_version(name: str) -> str:
         return "?"
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -495,7 +495,7 @@ def machine_info() -> dict[str, str]:
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
     return {
         "platform": platform.platform(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu count": f"{os.cpu_count()} (usable: {affinity})",
         "python": platform.python_version(),
         "jax / jaxlib": f"{jax.__version__} / {_package_version('jaxlib')}",

@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import REPO, append_section, git_state, run_script  # noqa: E402
-from throughput import _cpu_model, system_busy_seconds  # noqa: E402
+from throughput import cpu_model, system_busy_seconds  # noqa: E402
 
 _RUN = textwrap.dedent(
     """
@@ -128,7 +128,7 @@ def main() -> None:
         f"### {_dt.date.today().isoformat()}, N = {args.n:,}, D = {args.d}, B = 256, "
         f"{args.tune} tuning + {args.draws} draws per chain",
         "",
-        f"- git: {git_state()}; machine: {_cpu_model()}, {platform.platform()}, "
+        f"- git: {git_state()}; machine: {cpu_model()}, {platform.platform()}, "
         f"{os.cpu_count()} CPUs, python "
         f"{platform.python_version()}",
         f"- other processes kept {others:.2f} cores busy on average during the run"
