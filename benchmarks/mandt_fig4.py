@@ -29,16 +29,18 @@ Methods (``B = 10``; one saved draw per pass over the data, ``N/B = 1000`` itera
 
 ``IASG (defaults)``
     ``pmsg.IASG(batch_size=10)``, all defaults: full preconditioner ``P = (ε/N) Ĉ⁻¹`` from the
-    per-datum gradient-noise estimate, ``learning_rate="auto"`` = ``min(0.5, 10/1000)`` =
-    0.01, window ``N/B = 1000`` (since a96b562 shortened to ≈ 888 by the finite-window
-    correction ``pymc_sgmcmc.tuning.iasg_window``, so a draw is 0.89 passes); ``tune``
+    per-datum gradient-noise estimate, ``learning_rate="auto"`` = ``min(0.5, 3/1000)`` =
+    0.003 since 4dd4176 (``min(0.5, 10/1000)`` = 0.01 before), window ``N/B = 1000``
+    shortened by the finite-window correction ``pymc_sgmcmc.tuning.iasg_window`` (since
+    a96b562) to 455 (888 at ε = 0.01), so a draw is 0.455 passes (0.89); ``tune``
     (``--tune``, default 10) draws of which the first ``search_draws = 5`` are the search
     phase (rate 0.5, Ĉ re-estimated each draw).
 ``IASG lr=0.1`` (``--iasg-extra-lr``, default 0.1; 0 disables)
     The same with ``learning_rate=0.1``. Two effects set IASG's variance here, both visible:
     (i) the finite-window term of Mandt eq. 34: the variance of a window mean is
-    ``(1/N) A⁻¹ (1 − (1 − e^{−εT}) / (εT))`` to leading order, i.e. 10% too small at the
-    default ``εT = 10`` and 1% at ``εT = 100`` (exact AR(1) factor: 0.9005 and 0.9905);
+    ``(1/N) A⁻¹ (1 − (1 − e^{−εT}) / (εT))`` to leading order, i.e. 10% too small at
+    ``εT = 10`` (the default before 4dd4176; now εT = 3) and 1% at ``εT = 100`` (exact AR(1)
+    factor: 0.9005 and 0.9905);
     (ii) multiplicative gradient noise: in linear regression the per-datum gradient
     covariance grows away from the mode, ``C(θ) = Σx (σ² + δᵀΣxδ) + Σx δδᵀ Σx`` for Gaussian
     x and ``δ = θ − θ̂``, and the SGD iterates spread over ``εN/(2B)`` posterior variances
