@@ -40,7 +40,8 @@ Choices, from measurements on this 2-core machine (details in :func:`build_model
   their conditional, not marginal, curvature. Predicted from the Laplace approximation at
   the NUTS mean (which matches NUTS's sds within 6%, 10% for log σ_dest): sd ratios
   0.77–1.74, 15 of 125 variables outside 20% (intercept 1.74, σ_dest 1.58, β_dist 1.33,
-  carrier EV 1.38). Measured (all flights, batch 4096, 100 tuning + 300 draws × 2): means
+  carrier EV 1.38). Measured (all flights, batch 4096, 100 tuning + 300 draws × 2, with the
+  ε = 10B/N default before 4dd4176; the covariance above does not depend on ε): means
   of 56 of 123 effects more than 0.2 NUTS sds off, sds of 73 outside 20% (0.93–2.01),
   σ_dest 7.7 sds off with sd 4.7x and ESS 3: the chains settle at σ_dest 0.30 and 0.47
   (NUTS 0.22 ± 0.02) — the over-lifted scale coordinate gets too much injected noise, the
