@@ -1521,7 +1521,12 @@ class ConstantSGD(_PreconditionedSGD):
     :math:`(2B/N^2) C^{-1}` (Theorem 2; its stationary covariance is the Laplace posterior
     :math:`A_U^{-1}` when :math:`A = C`). It is multiplied by ``temperature`` (Σ scales with P)
     and, with momentum, by μ (the stationary covariance of damped SGD at ``P`` is that of
-    plain SGD at :math:`P/\mu`, §4.3). The first ``search_draws`` tuning draws reach the
+    plain SGD at :math:`P/\mu`, §4.3). Without momentum, ``"full"`` is also multiplied by
+    :math:`N/(N + TB)`: the theorems are for the continuous-time limit, while the iterates
+    are an AR(1) that contracts by :math:`a = 2TB/N` per step in every direction, with
+    stationary variance :math:`a/(2-a)` rather than :math:`a/2` in posterior units; the
+    factor makes it exact (it matters when B/N is not small: at B/N = 1/2 the sds were
+    1.26–1.36× exact without it). The first ``search_draws`` tuning draws reach the
     mode first, with IASG's large preconditioned rate :math:`P = (0.5/N)\hat C^{-1}`
     re-estimated at each draw.
 
@@ -1674,7 +1679,14 @@ class ConstantSGD(_PreconditionedSGD):
         p_star = kl_optimal_preconditioner(
             noise, self.preconditioner, self.problem.data_size, self.batch_size
         )
-        return p_star * self.temperature * (self.momentum or 1.0)
+        p = p_star * self.temperature * (self.momentum or 1.0)
+        if self.preconditioner == "full" and self.momentum is None:
+            # Theorem 2's rate is for the continuous-time (OU) limit. The iterates themselves
+            # are AR(1) with contraction a = 2TB/N in every direction (A = C) and stationary
+            # variance a/(2 - a) posterior variances, not a/2: exact is a = 2TB/(N + TB).
+            n, tb = self.problem.data_size, self.temperature * self.batch_size
+            p = p * n / (n + tb)
+        return p
 
     def settings(self) -> dict[str, Any]:
         return {

@@ -157,6 +157,9 @@ def sd_tolerance(ess, bias: float) -> float:
         # IASG: a window mean of constant SGD; the window's finite-length correction is
         # derived for A = C, which the ELBO's measured noise only approximates.
         (pmsg.IASG, 0.10),
+        # ConstantSGD: the full KL-optimal rate, exact in discrete time (N/B = 2 here):
+        # measured μ sd 0.97–0.99× exact, seeds 3 and 4.
+        (pmsg.ConstantSGD, 0.05),
     ],
 )
 def test_markov_locals_recover_the_exact_random_effects_posterior(sampler, mu_bias):
