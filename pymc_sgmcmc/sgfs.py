@@ -167,6 +167,10 @@ class SGFS(ConstantSGD):
 
     name = "sgfs"
 
+    # Theorem 5's continuous-time H* = 2 M⁻¹. The discrete-time solution would be
+    # 2 (M + N C)⁻¹ (Fisher identity), which differs from it by about B/N; not adopted here.
+    _discrete_time_rate = False
+
     def __init__(
         self,
         vars: Sequence[Any] | None = None,

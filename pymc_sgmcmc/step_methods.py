@@ -1675,15 +1675,19 @@ class ConstantSGD(_PreconditionedSGD):
         if self.auto_step_size:
             super()._tune_draw(state, fixed, key)
 
+    # The full rate solves the discrete-time Lyapunov equation, not only its OU limit (SGFS,
+    # whose injected noise breaks the isotropy this relies on, keeps Theorem 5's rate).
+    _discrete_time_rate = True
+
     def _sampling_preconditioner(self, noise: np.ndarray) -> np.ndarray:
         p_star = kl_optimal_preconditioner(
             noise, self.preconditioner, self.problem.data_size, self.batch_size
         )
         p = p_star * self.temperature * (self.momentum or 1.0)
-        if self.preconditioner == "full" and self.momentum is None:
-            # Theorem 2's rate is for the continuous-time (OU) limit. The iterates themselves
-            # are AR(1) with contraction a = 2TB/N in every direction (A = C) and stationary
-            # variance a/(2 - a) posterior variances, not a/2: exact is a = 2TB/(N + TB).
+        if self._discrete_time_rate and self.preconditioner == "full" and self.momentum is None:
+            # Theorem 2's rate is for the continuous-time (OU) limit. The discrete Lyapunov
+            # equation Σ = (I - PA)Σ(I - PA)ᵀ + P M Pᵀ with Σ = T A⁻¹, M = N²C/B and A = NC
+            # (Fisher) is solved by P = 2T (M + T A)⁻¹ = Theorem 2's rate × N/(N + TB).
             n, tb = self.problem.data_size, self.temperature * self.batch_size
             p = p * n / (n + tb)
         return p

@@ -95,9 +95,9 @@ def test_full_constant_sgd_is_exact_at_a_large_batch_fraction(sample_path):
         step = pmsg.ConstantSGD(batch_size=200, preconditioner="full")
         idata = sample_path(draws=1500, tune=50, step=step, **SAMPLE)
     ess = _ess(idata, "beta")
-    # 15% on an sd is 3.5 Monte Carlo sds at ESS ≥ 272 (checked inside); the 41% of the
-    # continuous-time rate is far outside it.
-    _check_gaussian(_flat(idata, "beta"), reg.mean, reg.cov, ess, correlations=ess >= 1225)
+    # 15% on an sd is ≥ 3.5 Monte Carlo sds, and 0.1 on a correlation too, at ESS ≥ 1225
+    # (checked inside; measured 1841); the 41% of the continuous-time rate is far outside.
+    _check_gaussian(_flat(idata, "beta"), reg.mean, reg.cov, ess)
 
 
 def test_scalar_constant_sgd_matches_the_ou_prediction_for_theorem_1_rate(
