@@ -1744,7 +1744,9 @@ class IASG(_PreconditionedSGD):
     learning_rate
         ε in :math:`P = (\epsilon/N) \hat C^{-1}`; ``"auto"`` (default) is
         :math:`\min(0.5, 3/T)` with the full preconditioner and :math:`\min(0.5, 10/T)` with
-        a diagonal or scalar one.
+        a diagonal or scalar one, at least :math:`2/(T+1)` (which binds for ``T < 3`` only:
+        below it even one iterate is narrower than the posterior; a smaller explicit value
+        warns).
     window
         Iterates averaged per draw (default: ``N/(B·temperature)`` less the finite-window
         correction, :func:`pymc_sgmcmc.tuning.iasg_window`); the same as ``thin``.
@@ -1779,10 +1781,22 @@ class IASG(_PreconditionedSGD):
             # Relaxation times per window: every direction relaxes at rate ε under the full
             # Ĉ⁻¹; under a diagonal or scalar one the correlated directions are slower.
             relaxations = 3.0 if self.preconditioner == "full" else 10.0
-            learning_rate = min(0.5, relaxations / max(target, 1.0))
+            # At least 2/(T + 1): below it even single iterates, whose variance is
+            # ε/(2 - ε) per-datum-B units, are narrower than the posterior (T < 3 only).
+            learning_rate = max(min(0.5, relaxations / max(target, 1.0)), 2.0 / (target + 1.0))
         if not (0.0 < float(learning_rate) < 2.0):
             raise ValueError(f"learning_rate must be 'auto' or in (0, 2), got {learning_rate!r}.")
         self.learning_rate = float(learning_rate)
+        if self.learning_rate < 2.0 / (target + 1.0) * (1 - 1e-9):
+            import warnings
+
+            warnings.warn(
+                f"IASG: learning_rate={self.learning_rate:g} is below 2/(N/B + 1) = "
+                f"{2.0 / (target + 1.0):.3g}: even single iterates are narrower than the "
+                "posterior, so the draws' variances will be too small. Use learning_rate='auto'.",
+                UserWarning,
+                stacklevel=2,
+            )
         if window is None and kwargs.get("thin") is None:
             self.thin = max(1, iasg_window(target, self.learning_rate))
         self.window = self.thin
