@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import field
 from typing import Any, ClassVar
@@ -1777,23 +1778,22 @@ class IASG(_PreconditionedSGD):
             kwargs["thin"] = window
         super().__init__(vars, **kwargs)
         target = self.problem.data_size / (self.batch_size * self.temperature)
+        # Below 2/(T + 1) even single iterates, of variance ε/(2 - ε) in 1/(Bc) units, are
+        # narrower than the (tempered) posterior's T units; binds for T < 3 only.
+        min_rate = 2.0 / (target + 1.0)
         if learning_rate == "auto":
             # Relaxation times per window: every direction relaxes at rate ε under the full
             # Ĉ⁻¹; under a diagonal or scalar one the correlated directions are slower.
             relaxations = 3.0 if self.preconditioner == "full" else 10.0
-            # At least 2/(T + 1): below it even single iterates, whose variance is
-            # ε/(2 - ε) per-datum-B units, are narrower than the posterior (T < 3 only).
-            learning_rate = max(min(0.5, relaxations / max(target, 1.0)), 2.0 / (target + 1.0))
+            learning_rate = max(min(0.5, relaxations / max(target, 1.0)), min_rate)
         if not (0.0 < float(learning_rate) < 2.0):
             raise ValueError(f"learning_rate must be 'auto' or in (0, 2), got {learning_rate!r}.")
         self.learning_rate = float(learning_rate)
-        if self.learning_rate < 2.0 / (target + 1.0) * (1 - 1e-9):
-            import warnings
-
+        if self.learning_rate < min_rate:
             warnings.warn(
-                f"IASG: learning_rate={self.learning_rate:g} is below 2/(N/B + 1) = "
-                f"{2.0 / (target + 1.0):.3g}: even single iterates are narrower than the "
-                "posterior, so the draws' variances will be too small. Use learning_rate='auto'.",
+                f"IASG: learning_rate={self.learning_rate:g} is below 2/(T + 1) = {min_rate:.3g}"
+                " (T = N/(B·temperature)): even single iterates are narrower than the posterior,"
+                " so the draws' variances will be too small. Use learning_rate='auto'.",
                 UserWarning,
                 stacklevel=2,
             )
@@ -1823,8 +1823,6 @@ class IASG(_PreconditionedSGD):
             lam_min = float(diag.min() / diag.mean())
         relaxation = 1.0 / max(self.learning_rate * lam_min, 1e-12)
         if self.window < 5 * relaxation:
-            import warnings
-
             self._warned = True
             warnings.warn(
                 f"IASG: the slowest direction relaxes in about {relaxation:.0f} iterations but the "

@@ -260,7 +260,7 @@ def test_iasg_learning_rate_too_small_for_the_posterior_variance():
     with _regression():
         step = pmsg.IASG(batch_size=150)
         assert step.learning_rate == pytest.approx(2 / 3) and step.window == 1
-        with pytest.warns(UserWarning, match=r"learning_rate=0\.5 is below 2/\(N/B \+ 1\)"):
+        with pytest.warns(UserWarning, match=r"learning_rate=0\.5 is below 2/\(T \+ 1\) = 0\.667"):
             pmsg.IASG(batch_size=150, learning_rate=0.5)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
