@@ -772,9 +772,10 @@ class SGMCMCStep(BlockedStep):
             scale = 1.0 if dim <= EXACT_DIAG_MAX_DIM else 1.0 / probes.shape[0]
             return c, scale * jnp.sum(probes * hvp, axis=0)
 
-        def spectral_radius(key, position, fixed, data, precond, local_params):
+        def spectral_radius(key, position, fixed, data, precond, local_params, shift):
             # Largest |eigenvalue| of P·H (H the potential's Hessian on a block of rows) by 20
-            # power iterations of Hessian-vector products. SGD is stable iff it is < 2.
+            # power iterations of Hessian-vector products. SGD is stable iff it is < 2. With
+            # a shift σ ≥ ρ(P·H), that of σI − P·H: σ minus the smallest eigenvalue of P·H.
             key_rows, key_v = jax.random.split(key)
             batch = tuning_rows(key_rows, data)
             target = tuning_logdensity(fixed, local_params, jax.random.fold_in(key_v, 1))
@@ -782,6 +783,7 @@ class SGMCMCStep(BlockedStep):
 
             def power(v, _):
                 w = apply_preconditioner(precond, curvature_product(grad_u, position, v))
+                w = shift * v - w  # −P·H v when σ = 0: the same norms
                 norm = jnp.linalg.norm(w)
                 return w / jnp.maximum(norm, 1e-300), norm
 
@@ -1193,11 +1195,18 @@ class SGMCMCStep(BlockedStep):
         precond = np.asarray(precond, dtype=self.problem.dtype)
         data = self._tuning_data(key)
         radius = float(
-            compiled["spectral_radius"](key, position, fixed, data, precond, self._tuning_local())
+            compiled["spectral_radius"](
+                key, position, fixed, data, precond, self._tuning_local(), self._no_shift
+            )
         )
         if not np.isfinite(radius):
             return 1.0
         return 1.0 / max(1.0, radius)
+
+    @property
+    def _no_shift(self) -> np.ndarray:
+        """The shift argument of ``compiled["spectral_radius"]`` for ``ρ(P·H)`` itself."""
+        return np.zeros((), dtype=self.problem.dtype)
 
     def _estimate_noise(
         self,
@@ -1809,29 +1818,52 @@ class IASG(_PreconditionedSGD):
 
     def stop_tuning(self) -> None:
         super().stop_tuning()
-        noise = self._noise.value
-        if noise is None and self._last_noise is not None:
-            noise = self._last_noise[0]
-        if noise is None or self._warned or self.preconditioner == "full":
+        if self._warned or self.preconditioner == "full":
             return
-        diag = np.diag(noise) if noise.ndim == 2 else noise
-        # Smallest eigenvalue of the preconditioned (per-datum, A = C) Hessian, relative to ε.
-        if self.preconditioner == "diagonal" and noise.ndim == 2:
-            scaled = noise / np.sqrt(np.outer(diag, diag))
-            lam_min = float(np.linalg.eigvalsh(scaled)[0])
-        else:
-            lam_min = float(diag.min() / diag.mean())
-        relaxation = 1.0 / max(self.learning_rate * lam_min, 1e-12)
+        rate = self._slowest_rate()
+        if rate is None:
+            return
+        relaxation = 1.0 / max(rate, 1e-12)
         if self.window < 5 * relaxation:
             self._warned = True
             warnings.warn(
                 f"IASG: the slowest direction relaxes in about {relaxation:.0f} iterations but the "
-                f"window is {self.window}; draws will be correlated and the variance of their "
-                "means too small. Use preconditioner='full', a smaller batch_size, or a longer "
-                "window.",
+                f"window is {self.window}: along it the draws will be too narrow (the window "
+                "misses most of its variance) and correlated. Use preconditioner='full' (or a "
+                "smaller batch_size, which lengthens the window).",
                 UserWarning,
                 stacklevel=2,
             )
+
+    def _slowest_rate(self) -> float | None:
+        """The smallest eigenvalue of ``P·H`` at the chain's position (``P`` the tuned
+        preconditioner, ``H`` the potential's Hessian on a block of rows): the fraction by
+        which the slowest direction contracts per iteration, the inverse of its relaxation
+        time. By power iteration on ``ρI − P·H`` with ``ρ`` the spectral radius, so
+        correlations that a diagonal or scalar ``P`` leaves in place are seen (an estimate
+        from above: the relaxation time is not overstated). None with hyperparameters (their
+        rows of ``P`` are zero) or before a tuned ``P``."""
+        if self._sampled_idx is not None or self.chain_state is None:
+            return None
+        precond = np.asarray(self.precond_value, dtype=self.problem.dtype)
+        if not np.all(np.isfinite(precond)):
+            return None
+        compiled = self._compile()
+        key, state = self.chain_state
+        key = compiled["jax"].random.fold_in(key, 4)
+        args = (
+            key,
+            state.position,
+            self._last_fixed,
+            self._tuning_data(key),
+            precond,
+            self._tuning_local(),
+        )
+        radius = float(compiled["spectral_radius"](*args, self._no_shift))
+        if not np.isfinite(radius) or radius <= 0:
+            return None
+        top = float(compiled["spectral_radius"](*args, np.asarray(radius, self.problem.dtype)))
+        return max(radius - top, 0.0) if np.isfinite(top) else None
 
     def _emit(self, state: Any, mean_position: Any, key: Any, fixed: tuple) -> Any:
         return mean_position
@@ -1985,6 +2017,7 @@ class SGLD(SGMCMCStep):
                     self._tuning_data(key3),
                     np.asarray(1.0, dtype=self.problem.dtype),
                     self._tuning_local(),
+                    self._no_shift,
                 )
             )
             if np.isfinite(radius) and radius > 0:
