@@ -1685,6 +1685,13 @@ def main(argv: list[str] | None = None) -> None:
     argv_used = list(sys.argv[1:] if argv is None else argv)
     if args.render:
         results = json.loads(Path(args.render).read_text())
+        # The run's own options (tolerances, attempts, target ESS, ...), then those given
+        # here: a re-render judges the rows by the criteria they were measured against.
+        stored = shlex.split(results.get("command", ""))[2:]
+        try:
+            args = parse_args(stored + argv_used)
+        except SystemExit:
+            log(f"could not parse the stored command {results.get('command')!r}; using this one")
     else:
         results = collect(args, argv_used)
     section = render(results, args)

@@ -17,6 +17,12 @@ chains in less than 2x one chain. ``pm.sample(cores=2)`` compiles in its worker 
 every call (a step's compiled functions are not sent to them), so both its columns include
 compilation.
 
+``pmsg.sample`` has two phases that scale differently with the chains: the tuning draws (a
+host round-trip per draw through every chain's own ``step()``: noise estimates, power
+iterations, numpy algebra, in the chains' threads) and the sampling draws (one compiled loop
+per chunk). A third and fourth call with ``draws=1`` time the tuning draws alone; the
+sampling draws are the compiled call less that, and both get a ratio to one chain.
+
 Other processes' CPU use during the run is measured (``/proc/stat``); above 0.1 core on
 average the table is marked contaminated.
 
@@ -44,9 +50,10 @@ from throughput import cpu_model, system_busy_seconds  # noqa: E402
 
 _RUN = textwrap.dedent(
     """
-    import json, resource, sys, time, logging
+    import json, resource, sys, time, logging, warnings
     import numpy as np, pymc as pm, pymc_sgmcmc as pmsg
     logging.getLogger("pymc").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", "More chains")  # draws=1 of the tuning-only calls
     sampler, driver, n, d, chains, cores, draws, tune = sys.argv[1:9]
     n, d, chains, cores, draws, tune = (int(v) for v in (n, d, chains, cores, draws, tune))
     rng = np.random.default_rng(0)
@@ -66,8 +73,15 @@ _RUN = textwrap.dedent(
             times.append(time.perf_counter() - t)
             r2 = resource.getrusage(resource.RUSAGE_SELF)
             cpu = r2.ru_utime - r.ru_utime + r2.ru_stime - r.ru_stime
-    assert idata.posterior["beta"].shape == (chains, draws, d)
-    print("RESULT" + json.dumps({"first": times[0], "second": times[1], "cpu": cpu}))
+        assert idata.posterior["beta"].shape == (chains, draws, d)
+        tune_only = None
+        if driver == "pmsg.sample" and tune:  # the tuning draws alone (and one draw)
+            for _ in range(2):
+                t = time.perf_counter()
+                run(**{**kw, "draws": 1})
+                tune_only = time.perf_counter() - t
+    print("RESULT" + json.dumps(
+        {"first": times[0], "second": times[1], "cpu": cpu, "tune_only": tune_only}))
     """
 )
 
@@ -99,11 +113,18 @@ def main() -> None:
             result = run_script(
                 _RUN, sampler, driver, args.n, args.d, chains, cores, args.draws, args.tune
             )
-            base = base or result["second"]  # the first config: pmsg.sample, one chain
-            ratio = result["second"] / base
+            base = base or result  # the first config: pmsg.sample, one chain
+            ratio = result["second"] / base["second"]
+            phases = "| |"
+            if result["tune_only"] is not None and base["tune_only"] is not None:
+                draws_only = result["second"] - result["tune_only"]
+                phases = (
+                    f"| {result['tune_only'] / base['tune_only']:.2f}x "
+                    f"| {draws_only / (base['second'] - base['tune_only']):.2f}x |"
+                )
             rows.append(
                 (sampler, driver, chains, cores, result["first"], result["second"], ratio)
-                + (result["cpu"],)
+                + (result["cpu"], phases)
             )
             print(
                 f"{sampler} {driver} chains={chains} cores={cores}: first {result['first']:.2f} s,"
@@ -140,15 +161,18 @@ def main() -> None:
         "- CPU: the compiled call's CPU time in its process (all threads; not the worker "
         "processes of pm.sample with cores=2): the work, which other processes do not inflate "
         "as much as the wall time.",
+        "- The two phases of `pmsg.sample` (ratios to one chain): the tuning draws, each a host "
+        "round-trip through every chain's own `step()` (timed by a compiled call with "
+        "`draws=1`), and the sampling draws in the compiled loop (the compiled call less that).",
         "",
         "| sampler | driver | chains | cores | first call (s) | compiled (s) | compilation (s) "
-        "| ratio to 1 chain | compiled, CPU (s) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| ratio to 1 chain | compiled, CPU (s) | tuning draws, ratio | sampling draws, ratio |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [
         f"| {s} | `{drv}` | {c} | {k} | {first:.2f} | {second:.2f} | {first - second:.2f} "
-        f"| {ratio:.2f}x | {'n/a' if drv == 'pm.sample' and k > 1 else f'{cpu:.2f}'} |"
-        for s, drv, c, k, first, second, ratio, cpu in rows
+        f"| {ratio:.2f}x | {'n/a' if drv == 'pm.sample' and k > 1 else f'{cpu:.2f}'} {phases}"
+        for s, drv, c, k, first, second, ratio, cpu, phases in rows
     ]
     section = "\n".join(lines) + "\n"
     print(section)
