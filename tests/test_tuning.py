@@ -104,3 +104,24 @@ def test_iasg_window_compensates_the_finite_window_variance():
         # variance of the window mean in units of 1/(Bc): (1/t)(1 - deficit) ≈ 1/target
         assert abs((1 - deficit) / t * target - 1) < 0.02
         assert t <= target
+
+
+def test_lanczos_extremes_are_exact_in_few_dimensions_and_bound_the_spectrum_in_many():
+    """Exact (to rounding) when the steps reach the dimension or the Krylov space closes early
+    (an equicorrelation matrix has two distinct eigenvalues); with fewer steps than dimensions
+    the Ritz values lie inside the spectrum, so the smallest is an estimate from above."""
+    from pymc_sgmcmc.tuning import lanczos_extremes
+
+    rng = np.random.default_rng(1)
+    for dim in (1, 5, 30):
+        a = rng.normal(size=(dim, dim))
+        s = a @ a.T / dim + 0.01 * np.eye(dim)
+        eig = np.linalg.eigvalsh(s)
+        np.testing.assert_allclose(lanczos_extremes(lambda x, s=s: s @ x, dim), eig[[0, -1]])
+    equi = 0.95 * np.ones((5, 5)) + 0.05 * np.eye(5)
+    np.testing.assert_allclose(lanczos_extremes(lambda x: equi @ x, 5), [0.05, 4.8])
+    a = rng.normal(size=(300, 300))
+    s = a @ a.T / 300 + 0.01 * np.eye(300)
+    eig = np.linalg.eigvalsh(s)
+    low, high = lanczos_extremes(lambda x: s @ x, 300, steps=40)
+    assert eig[0] <= low < 3 * eig[0] and 0.9 * eig[-1] < high <= eig[-1] * (1 + 1e-12)
