@@ -846,15 +846,15 @@ class SGMCMCStep(BlockedStep):
             compiled["data"] = jax.device_put(compiled["data"], device)
             self._chain_device = device
 
-    def _tuning_data(self, key: Any) -> Any:
-        """What the tuning functions read: the device data, or (streamed) a block of
-        ``max(B, 1024)`` rows drawn uniformly with replacement and read on the host."""
+    def _tuning_data(self, key: Any, rows: int | None = None) -> Any:
+        """What the tuning functions read: the device data, or (streamed) a block of ``rows``
+        (default ``max(B, 1024)``) rows drawn uniformly with replacement and read on the host."""
         compiled = self._compile()
         if not self.streaming:
             return compiled["data"]
         rng = np.random.default_rng(np.asarray(compiled["jax"].random.key_data(key)).tolist())
-        rows = np.sort(rng.integers(0, self.problem.data_size, self._noise_rows))
-        return self._read_rows(rows, 1)
+        count = self._noise_rows if rows is None else rows
+        return self._read_rows(np.sort(rng.integers(0, self.problem.data_size, count)), 1)
 
     def _read_rows(self, starts: np.ndarray, length: int) -> tuple[np.ndarray, ...]:
         compiled = self._compile()
@@ -1872,9 +1872,9 @@ class IASG(_PreconditionedSGD):
         compiled = self._compile()
         key, state = self.chain_state
         key = compiled["jax"].random.fold_in(key, 4)
-        args = (key, state.position, self._last_fixed, self._tuning_data(key))
-        local = self._tuning_local()
         rows = min(self.problem.data_size, max(self._noise_rows, 50 * dim))
+        args = (key, state.position, self._last_fixed, self._tuning_data(key, rows))
+        local = self._tuning_local()
         root = np.broadcast_to(np.sqrt(precond), (dim,))
 
         def product(v: np.ndarray) -> np.ndarray:
