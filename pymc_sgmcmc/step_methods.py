@@ -774,13 +774,18 @@ class SGMCMCStep(BlockedStep):
             scale = 1.0 if dim <= EXACT_DIAG_MAX_DIM else 1.0 / probes.shape[0]
             return c, scale * jnp.sum(probes * hvp, axis=0)
 
+        def block_potential_grad(key, fixed, data, local_params, rows):
+            # The gradient of the potential on the ``rows`` rows that ``key`` draws (and, with
+            # local variables, its draws of them), and the key left for the caller.
+            key_rows, key_v = jax.random.split(key)
+            batch = tuning_rows(key_rows, data, rows)
+            target = tuning_logdensity(fixed, local_params, jax.random.fold_in(key_v, 1))
+            return jax.grad(lambda th: -target(th, batch)), key_v
+
         def spectral_radius(key, position, fixed, data, precond, local_params):
             # Largest |eigenvalue| of P·H (H the potential's Hessian on a block of rows) by 20
             # power iterations of Hessian-vector products. SGD is stable iff it is < 2.
-            key_rows, key_v = jax.random.split(key)
-            batch = tuning_rows(key_rows, data)
-            target = tuning_logdensity(fixed, local_params, jax.random.fold_in(key_v, 1))
-            grad_u = jax.grad(lambda th: -target(th, batch))
+            grad_u, key_v = block_potential_grad(key, fixed, data, local_params, noise_rows)
 
             def power(v, _):
                 w = apply_preconditioner(precond, curvature_product(grad_u, position, v))
@@ -794,10 +799,7 @@ class SGMCMCStep(BlockedStep):
         def hessian_product(key, position, fixed, data, local_params, v, rows):
             # H v, H the potential's Hessian on the ``rows`` rows that ``key`` draws (the same
             # rows and draws of the locals at every call with the same key).
-            key_rows, key_v = jax.random.split(key)
-            batch = tuning_rows(key_rows, data, rows)
-            target = tuning_logdensity(fixed, local_params, jax.random.fold_in(key_v, 1))
-            grad_u = jax.grad(lambda th: -target(th, batch))
+            grad_u, _ = block_potential_grad(key, fixed, data, local_params, rows)
             return curvature_product(grad_u, position, v)
 
         def initial_loss(key, position, fixed, data):
@@ -1857,13 +1859,10 @@ class IASG(_PreconditionedSGD):
         with the 1024 rows of the noise estimate it would be 10× at ``D = 500``. Above
         ``MAX_RELAXATION_CHECK_DIM`` dimensions such a block makes the check slow (at
         ``D = 1000`` and 20 000 rows, 3.3 s per chain and still 1.4× too long, enough to warn
-        on independent features), so there it returns None — as it does before a tuned ``P``,
-        with hyperparameters (their rows of ``P`` are zero) or where ``P·H`` is not positive
-        definite (no relaxation time)."""
+        on independent features), so there it returns None — as it does before a tuned,
+        positive ``P`` or where ``P·H`` is not positive definite (no relaxation time)."""
         dim = self.problem.dim
-        if self._sampled_idx is not None or self.chain_state is None:
-            return None
-        if dim > MAX_RELAXATION_CHECK_DIM:
+        if self.chain_state is None or dim > MAX_RELAXATION_CHECK_DIM:
             return None
         dtype = self.problem.dtype
         precond = np.asarray(self.precond_value, dtype=np.float64)
