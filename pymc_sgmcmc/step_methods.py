@@ -825,6 +825,9 @@ class SGMCMCStep(BlockedStep):
             "noise": jax.jit(noise, static_argnames=("full", "full_curvature")),
             "spectral_radius": jax.jit(spectral_radius),
             "hessian_product": jax.jit(hessian_product, static_argnames="rows"),
+            # The tuning functions' keys, derived on the host at every tuning draw: compiled,
+            # since an eager fold_in dispatches its threefry op by op (~130 µs against ~9 µs).
+            "fold_in": jax.jit(jax.random.fold_in),
             "data": data,
             "jax": jax,
         }
@@ -1203,7 +1206,7 @@ class SGMCMCStep(BlockedStep):
         rank-deficient estimate of a large ``C``, or a diagonal preconditioner on a strongly
         coupled Hessian (softmax regression)."""
         compiled = self._compile()
-        key = compiled["jax"].random.fold_in(key, 2)
+        key = compiled["fold_in"](key, 2)
         precond = np.asarray(precond, dtype=self.problem.dtype)
         data = self._tuning_data(key)
         radius = float(
@@ -1225,7 +1228,7 @@ class SGMCMCStep(BlockedStep):
         Hessian of the potential (``full_curvature``: the whole Hessian) at ``position``, from
         one block of rows (host arrays)."""
         compiled = self._compile()
-        key = compiled["jax"].random.fold_in(key, 1)
+        key = compiled["fold_in"](key, 1)
         data = self._tuning_data(key)
         c, h = compiled["noise"](
             key,
@@ -1870,7 +1873,7 @@ class IASG(_PreconditionedSGD):
             return None
         compiled = self._compile()
         key, state = self.chain_state
-        key = compiled["jax"].random.fold_in(key, 4)
+        key = compiled["fold_in"](key, 4)
         rows = min(self.problem.data_size, max(self._noise_rows, 50 * dim))
         args = (key, state.position, self._last_fixed, self._tuning_data(key, rows))
         local = self._tuning_local()
@@ -2030,7 +2033,7 @@ class SGLD(SGMCMCStep):
             # Reach the mode first: the step at a far-away point, sized for a small variance
             # bias there, would be tiny. ε = 1/ρ(H) is half SGLD's stability limit.
             compiled = self._compile()
-            key3 = compiled["jax"].random.fold_in(key, 3)
+            key3 = compiled["fold_in"](key, 3)
             radius = float(
                 compiled["spectral_radius"](
                     key3,
