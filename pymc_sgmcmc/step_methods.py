@@ -425,6 +425,12 @@ class SGMCMCStep(BlockedStep):
         iteration's row ids (SAGA-LD prefetches their table rows)."""
         return state
 
+    def _mix_normals(self, normals: Any, params: dict[str, Any]) -> Any:
+        """Hook (traced): a draw's ``(iterations, D)`` standard normals as the kernel takes
+        them — as drawn by default; a kernel with a dense noise factor gets them multiplied by
+        it here, in one matrix product for the whole draw."""
+        return normals
+
     def _make_init(self, fns: dict[str, Callable], kernel_init: Callable) -> Callable:
         """``init(position, data, fixed) -> kernel state`` at the start of a chain."""
         return lambda position, data, fixed: kernel_init(position)
@@ -590,6 +596,7 @@ class SGMCMCStep(BlockedStep):
             indices = minibatch_indices(key_rows, n, b, scheme, (thin,))
             position = state.position
             normals = jax.random.normal(key_noise, (thin, *position.shape), dtype=position.dtype)
+            normals = self._mix_normals(normals, params)
 
             # Row ids (in 0..N−1) of every iteration's minibatch and of the one after it.
             row_ids = jax.vmap(lambda r: minibatch_row_ids(r, n, b, scheme))(indices)
@@ -637,6 +644,7 @@ class SGMCMCStep(BlockedStep):
             iters = batches[0].shape[0]
             position = state.position
             normals = jax.random.normal(key, (iters, *position.shape), dtype=position.dtype)
+            normals = self._mix_normals(normals, params)
             ids = jnp.zeros(b, dtype=jnp.int32)  # row ids: only SAGA-LD uses them
 
             def body(carry, xs):
@@ -669,6 +677,7 @@ class SGMCMCStep(BlockedStep):
                 indices = jax.random.randint(key_rows, (thin, k, per_device), 0, limit)
                 position = state.position
                 normals = jax.random.normal(key_noise, (thin, *position.shape), position.dtype)
+                normals = self._mix_normals(normals, params)
 
                 def body(carry, xs):
                     state, position_sum, grad_sum = carry
@@ -1299,6 +1308,8 @@ class _PreconditionedSGD(SGMCMCStep):
         momentum = self._momentum()
 
         def step(normal, state, grad_fn, params):
+            # A dense noise factor was applied to the whole draw's normals (_mix_normals).
+            dense = params["inject"].ndim == 2
             state, info = sgd.step(
                 None,
                 state,
@@ -1306,12 +1317,21 @@ class _PreconditionedSGD(SGMCMCStep):
                 1.0,
                 preconditioner=params["precond"],
                 momentum=momentum,
-                injected_noise_scale=params["inject"],
-                normal=normal,
+                injected_noise_scale=None if dense else params["inject"],
+                normal=None if dense else normal,
+                injected_noise=normal if dense else None,
             )
             return state, info._replace(step_size=params["step_size"])
 
         return sgd.init, step
+
+    def _mix_normals(self, normals, params):
+        # e = L z for every iteration of the draw in one (iterations, D) x (D, D) product
+        # instead of a matrix-vector product per iteration (one of the iteration's four
+        # products with the full preconditioner).
+        if params["inject"].ndim == 2:
+            return normals @ params["inject"].T
+        return normals
 
     def _momentum(self) -> float | None:
         return None

@@ -59,6 +59,7 @@ def step(
     momentum: jax.Array | float | None = None,
     injected_noise_scale: jax.Array | None = None,
     normal: jax.Array | None = None,
+    injected_noise: jax.Array | None = None,
 ) -> tuple[SGDState, SGDInfo]:
     """One constant-SGD step.
 
@@ -84,6 +85,10 @@ def step(
     normal
         A pre-drawn standard normal shaped like the position for the injected noise, used
         instead of ``rng_key``.
+    injected_noise
+        A pre-drawn ``e`` itself (already scaled), instead of ``injected_noise_scale`` and a
+        normal: drivers with a dense ``L`` multiply a whole draw's normals by it in one
+        matrix product before the loop rather than one matrix-vector product per step.
 
     Examples
     --------
@@ -95,7 +100,9 @@ def step(
     """
     grad = grad_fn(state.position)
     drive = grad
-    if injected_noise_scale is not None:
+    if injected_noise is not None:
+        drive = grad + injected_noise
+    elif injected_noise_scale is not None:
         z = standard_normal(rng_key, grad, normal)
         drive = grad + apply_preconditioner(injected_noise_scale, z)
     update = step_size * apply_preconditioner(preconditioner, drive)

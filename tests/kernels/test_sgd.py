@@ -41,3 +41,21 @@ def test_jit_and_vmap_over_chains():
     step = jax.jit(jax.vmap(lambda s: sgd.step(None, s, quadratic, 0.1)))
     new, _ = step(states)
     np.testing.assert_allclose(new.position, np.tile([0.9, 0.6], (3, 1)), rtol=1e-15)
+
+
+def test_pre_drawn_injected_noise_equals_its_factor_times_the_normal():
+    # Drivers with a dense noise factor L pass e = L z (multiplied for a whole draw at once)
+    # instead of L and z: the step is the same up to rounding.
+    state = sgd.init(jnp.array([1.0, -2.0]))
+    precond = jnp.array([[2.0, 0.5], [0.5, 1.0]])
+    factor = jnp.array([[0.3, 0.0], [0.2, 0.4]])
+    z = jnp.array([0.7, -1.1])
+    by_factor, _ = sgd.step(
+        None, state, quadratic, 0.1, preconditioner=precond, injected_noise_scale=factor, normal=z
+    )
+    pre_drawn, _ = sgd.step(
+        None, state, quadratic, 0.1, preconditioner=precond, injected_noise=factor @ z
+    )
+    expected = np.array([1.0, -2.0]) + 0.1 * precond @ (np.array([-1.0, 8.0]) + factor @ z)
+    np.testing.assert_allclose(pre_drawn.position, expected, rtol=1e-14)
+    np.testing.assert_allclose(pre_drawn.position, by_factor.position, rtol=1e-14)
