@@ -383,6 +383,10 @@ class _DrawnState:
         self.iteration = iteration
 
     def __getattr__(self, name: str) -> Any:
+        # Not for _final itself or special names: unpickling looks them up before _final is
+        # set, which recursed (a chain stopped by a divergence keeps such a state).
+        if name == "_final" or name.startswith("__"):
+            raise AttributeError(name)
         return getattr(self._final, name)
 
 
@@ -517,11 +521,12 @@ def _vmapped_loop(compiled: dict[str, Any]) -> Callable:
 _HOST_LEAF_BYTES = 1 << 20
 
 
-def _on_host(x: Any) -> bool:
-    """Whether a state leaf is stacked and split on the host: an eager JAX op on a small
-    array costs ~0.1 ms of dispatch (a tuning draw of 4 chains did hundreds), NumPy's ~1 µs;
-    large leaves stay on the device rather than being copied to the host and back."""
-    return getattr(x, "nbytes", 0) <= _HOST_LEAF_BYTES
+def _on_host(x: Any, chains: int = 1) -> bool:
+    """Whether a state leaf (one chain's, or ``chains`` chains' stacked) is stacked and split
+    on the host: an eager JAX op on a small array costs ~0.1 ms of dispatch (a tuning draw of
+    4 chains did hundreds), NumPy's ~1 µs; large leaves (SAGA-LD's gradient table) stay on
+    the device rather than being copied to the host and back."""
+    return getattr(x, "nbytes", 0) <= _HOST_LEAF_BYTES * chains
 
 
 class _Engine:
@@ -613,7 +618,11 @@ class _Engine:
 
     def take(self, tree: Any, j: int) -> Any:
         """Chain ``j``'s slice of a stacked tree: small leaves as views of one host copy."""
-        return self.jax.tree.map(lambda x: np.asarray(x)[j] if _on_host(x) else x[j], tree)
+
+        def leaf(x):
+            return np.asarray(x)[j] if _on_host(x, chains=max(1, np.shape(x)[0])) else x[j]
+
+        return self.jax.tree.map(leaf, tree)
 
     def draw_together(self, requests: dict[int, _Request]) -> dict[int, tuple]:
         """One vmapped draw for the chains in ``requests`` (their ``step()`` called the

@@ -441,7 +441,9 @@ class SGMCMCStep(BlockedStep):
 
     def _kernel(self) -> tuple[Callable, Callable]:
         """(init(position) -> state, step(normal, state, grad_fn, params) -> (state, info)),
-        ``normal`` the iteration's pre-drawn standard normal shaped like the position."""
+        ``normal`` the iteration's row of the draw's pre-drawn standard normals after
+        :meth:`_mix_normals` (as drawn unless the subclass mixes them, as the preconditioned
+        SGD kernels do with a dense noise factor)."""
         raise NotImplementedError
 
     def _params(self, iteration: int) -> dict[str, Any]:

@@ -5,7 +5,10 @@ through both drivers: the ``sample_path`` fixture in conftest.py.)"""
 from __future__ import annotations
 
 import json
+import pickle
 
+import cloudpickle
+import jax
 import numpy as np
 import pymc as pm
 import pytest
@@ -130,6 +133,51 @@ def test_divergence_after_tuning_is_pm_samples():
     assert diverging[:, -1].all() and not diverging[:, :-1].any()
     np.testing.assert_array_equal(beta[:, -1], beta[:, -2])  # the flagged draw repeats
     np.testing.assert_array_equal(beta, theirs.idata.posterior["beta"].values)
+
+
+def test_a_state_booked_from_the_compiled_loop_pickles():
+    # A chain stopped mid-chunk keeps such a state, and the step's last chain is the user's
+    # step afterwards: pickling it must work (its __getattr__ once recursed on unpickling).
+    from pymc_sgmcmc.kernels.sgld import SGLDState
+    from pymc_sgmcmc.sampling import _DrawnState
+
+    final = SGLDState(np.zeros(2), np.zeros(2), np.int32(7))
+    drawn = _DrawnState(final, position=np.ones(2), iteration=np.int32(5))
+    for dumps, loads in ((pickle.dumps, pickle.loads), (cloudpickle.dumps, cloudpickle.loads)):
+        restored = loads(dumps(drawn))
+        np.testing.assert_array_equal(restored.position, np.ones(2))
+        assert int(restored.iteration) == 5
+        np.testing.assert_array_equal(restored.square_avg, final.square_avg)  # from final
+
+
+def test_small_state_leaves_are_stacked_and_split_on_the_host():
+    # Eager JAX ops cost ~0.1 ms each, so small leaves go through NumPy; a leaf over 1 MB per
+    # chain (SAGA-LD's table at large N) stays on the device both ways.
+    import jax.numpy as jnp
+
+    from pymc_sgmcmc.sampling import _HOST_LEAF_BYTES, _Engine
+
+    engine = _Engine.__new__(_Engine)
+    engine.jax, engine.jnp = jax, jnp
+    big_rows = _HOST_LEAF_BYTES // (4 * 4) + 1  # just over 1 MB of float32 per chain
+    trees = [
+        {
+            "small": jnp.full(3, c, jnp.float32),
+            "medium": jnp.full((big_rows // 2, 4), c, jnp.float32),  # 0.5 MB, 1.5 MB stacked
+            "big": jnp.full((big_rows, 4), c, jnp.float32),
+        }
+        for c in range(3)
+    ]
+    stacked = engine.stack(trees)
+    assert isinstance(stacked["small"], np.ndarray) and isinstance(stacked["big"], jax.Array)
+    assert isinstance(stacked["medium"], np.ndarray)
+    for c in range(3):
+        one = engine.take(stacked, c)
+        assert isinstance(one["small"], np.ndarray) and isinstance(one["big"], jax.Array)
+        assert isinstance(one["medium"], np.ndarray)
+        np.testing.assert_array_equal(one["medium"], np.full((big_rows // 2, 4), float(c)))
+        np.testing.assert_array_equal(one["small"], np.full(3, float(c)))
+        np.testing.assert_array_equal(one["big"], np.full((big_rows, 4), float(c)))
 
 
 def test_a_too_large_fixed_step_is_flagged_and_never_nan():

@@ -98,6 +98,8 @@ def step(
     >>> float(new.position[0])
     0.9
     """
+    if injected_noise is not None and injected_noise_scale is not None:
+        raise ValueError("Pass injected_noise (e itself) or injected_noise_scale, not both.")
     grad = grad_fn(state.position)
     drive = grad
     if injected_noise is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from pymc_sgmcmc.kernels import sgd
 
@@ -59,3 +60,5 @@ def test_pre_drawn_injected_noise_equals_its_factor_times_the_normal():
     expected = np.array([1.0, -2.0]) + 0.1 * precond @ (np.array([-1.0, 8.0]) + factor @ z)
     np.testing.assert_allclose(pre_drawn.position, expected, rtol=1e-14)
     np.testing.assert_allclose(pre_drawn.position, by_factor.position, rtol=1e-14)
+    with pytest.raises(ValueError, match="not both"):
+        sgd.step(None, state, quadratic, 0.1, injected_noise_scale=factor, injected_noise=z)
