@@ -24,6 +24,11 @@ iterations, numpy algebra, in the chains' threads) and the sampling draws (one c
 per chunk). A third and fourth call with ``draws=1`` time the tuning draws alone; the
 sampling draws are the compiled call less that, and both get a ratio to one chain.
 
+Then, per sampler, one more interpreter calls ``pmsg.sample`` with 1 and with 4 chains
+alternately ``--pairs`` (7) times on one compiled step and reports the median and range of
+the pairs' ratios: both sides of a pair see the same drift of the machine, which rows run in
+separate interpreters minutes apart do not (their ratios moved by ±30% between re-runs).
+
 Other processes' CPU use during the run is measured (``/proc/stat``); above 0.1 core on
 average the table is marked contaminated.
 
@@ -45,26 +50,39 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import REPO, append_section, git_state, run_script  # noqa: E402
 from throughput import cpu_model, system_busy_seconds  # noqa: E402
 
-_RUN = textwrap.dedent(
+_PRELUDE = textwrap.dedent(
     """
     import json, resource, sys, time, logging, warnings
     import numpy as np, pymc as pm, pymc_sgmcmc as pmsg
     logging.getLogger("pymc").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", "More chains")  # draws=1 of the tuning-only calls
+
+    def build(sampler, n, d):
+        rng = np.random.default_rng(0)
+        X = rng.normal(size=(n, d))
+        p = 1 / (1 + np.exp(-X @ (0.3 * rng.normal(size=d))))
+        y = (rng.random(n) < p).astype(np.int64)
+        with pm.Model() as model:
+            beta = pm.Normal("beta", 0, 1, shape=d)
+            pm.Bernoulli("y", logit_p=pm.Data("X", X) @ beta, observed=y)
+            step = getattr(pmsg, sampler)(batch_size=256)
+        return model, step
+    """
+)
+
+_RUN = _PRELUDE + textwrap.dedent(
+    """
     sampler, driver, n, d, chains, cores, draws, tune, repeats = sys.argv[1:10]
     n, d, chains, cores, draws, tune, repeats = (
         int(v) for v in (n, d, chains, cores, draws, tune, repeats))
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(n, d))
-    y = (rng.random(n) < 1 / (1 + np.exp(-X @ (0.3 * rng.normal(size=d))))).astype(np.int64)
-    with pm.Model():
-        beta = pm.Normal("beta", 0, 1, shape=d)
-        pm.Bernoulli("y", logit_p=pm.Data("X", X) @ beta, observed=y)
-        step = getattr(pmsg, sampler)(batch_size=256)
+    model, step = build(sampler, n, d)
+    with model:
         run = pmsg.sample if driver == "pmsg.sample" else pm.sample
         kw = dict(step=step, draws=draws, tune=tune, chains=chains, cores=cores,
                   random_seed=1, progressbar=False, compute_convergence_checks=False)
@@ -90,6 +108,26 @@ _RUN = textwrap.dedent(
     """
 )
 
+_PAIRED = _PRELUDE + textwrap.dedent(
+    """
+    sampler, n, d, draws, tune, pairs = sys.argv[1:7]
+    n, d, draws, tune, pairs = (int(v) for v in (n, d, draws, tune, pairs))
+    model, step = build(sampler, n, d)
+    kw = dict(step=step, draws=draws, tune=tune, random_seed=1, progressbar=False,
+              compute_convergence_checks=False)
+    with model:
+        for chains in (1, 4):  # compile both shapes first
+            pmsg.sample(chains=chains, **kw)
+        ones, fours = [], []
+        for _ in range(pairs):  # alternating, so that both see the same drift of the machine
+            for chains, out in ((1, ones), (4, fours)):
+                t = time.perf_counter()
+                pmsg.sample(chains=chains, **kw)
+                out.append(time.perf_counter() - t)
+    print("RESULT" + json.dumps({"ones": ones, "fours": fours}))
+    """
+)
+
 CONFIGS = (  # (driver, chains, cores)
     ("pmsg.sample", 1, 1),
     ("pmsg.sample", 4, 2),
@@ -107,6 +145,9 @@ def main() -> None:
     parser.add_argument("--tune", type=int, default=100)
     parser.add_argument("--samplers", default="SGLD,IASG")
     parser.add_argument("--repeats", type=int, default=3, help="compiled calls; the fastest")
+    parser.add_argument(
+        "--pairs", type=int, default=7, help="alternating 1- and 4-chain calls in one process"
+    )
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "RESULTS.md"))
     args = parser.parse_args()
 
@@ -147,6 +188,12 @@ def main() -> None:
                 f" (fastest {ratio:.2f}x)",
                 flush=True,
             )
+    paired = []
+    for sampler in args.samplers.split(",") if args.pairs > 0 else []:
+        result = run_script(_PAIRED, sampler, args.n, args.d, args.draws, args.tune, args.pairs)
+        ratios = np.array(result["fours"]) / np.array(result["ones"])
+        paired.append((sampler, np.median(result["ones"]), np.median(result["fours"]), ratios))
+        print(f"{sampler} paired: ratios {' '.join(f'{r:.2f}' for r in ratios)}", flush=True)
     own = sum(
         getattr(usage, f) - getattr(usage0, f)
         for usage, usage0 in zip(
@@ -191,6 +238,22 @@ def main() -> None:
         f"| {ratio:.2f}x | {'n/a' if drv == 'pm.sample' and k > 1 else f'{cpu:.2f}'} {phases}"
         for s, drv, c, k, first, second, ratio, cpu, phases in rows
     ]
+    if paired:
+        lines += [
+            "",
+            f"Paired in one process (`--pairs {args.pairs}`): `pmsg.sample` with 1 and with 4 "
+            "chains (default cores) called alternately on one compiled step, each pair's ratio "
+            "of wall times — the two sides see the same drift of the machine, which separate "
+            "interpreters minutes apart do not.",
+            "",
+            "| sampler | 1 chain, median (s) | 4 chains, median (s) | ratio, median "
+            "| ratio, range |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {s} | {one:.2f} | {four:.2f} | {np.median(r):.2f}x | {r.min():.2f}–{r.max():.2f}x |"
+            for s, one, four, r in paired
+        ]
     section = "\n".join(lines) + "\n"
     print(section)
     if args.out != "-":
