@@ -1310,8 +1310,7 @@ class _PreconditionedSGD(SGMCMCStep):
         momentum = self._momentum()
 
         def step(normal, state, grad_fn, params):
-            # A dense noise factor was applied to the whole draw's normals (_mix_normals).
-            dense = params["inject"].ndim == 2
+            # ``normal`` is already the injected noise e (_mix_normals).
             state, info = sgd.step(
                 None,
                 state,
@@ -1319,21 +1318,18 @@ class _PreconditionedSGD(SGMCMCStep):
                 1.0,
                 preconditioner=params["precond"],
                 momentum=momentum,
-                injected_noise_scale=None if dense else params["inject"],
-                normal=None if dense else normal,
-                injected_noise=normal if dense else None,
+                injected_noise=normal,
             )
             return state, info._replace(step_size=params["step_size"])
 
         return sgd.init, step
 
     def _mix_normals(self, normals, params):
-        # e = L z for every iteration of the draw in one (iterations, D) x (D, D) product
-        # instead of a matrix-vector product per iteration (one of the iteration's four
-        # products with the full preconditioner).
-        if params["inject"].ndim == 2:
-            return normals @ params["inject"].T
-        return normals
+        # The injected noise e = L z of every iteration of the draw at once: with a dense L one
+        # (iterations, D) x (D, D) product instead of a matrix-vector product per iteration
+        # (one of the iteration's four products with the full preconditioner).
+        inject = params["inject"]
+        return normals @ inject.T if inject.ndim == 2 else normals * inject
 
     def _momentum(self) -> float | None:
         return None
