@@ -108,8 +108,22 @@ _RUN = _PRELUDE + textwrap.dedent(
     """
 )
 
-_PAIRED = _PRELUDE + textwrap.dedent(
+# Pinned: the process (and every thread it starts: XLA's pool, the chains' threads) runs on
+# one CPU, set before anything starts a thread. pmsg.sample's default cores is then 1: the 4
+# chains are one vmapped batch, and the ratio is what batching itself saves.
+_PIN = textwrap.dedent(
     """
+    import os, sys
+    if sys.argv[7] == "1":
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    """
+)
+
+_PAIRED = (
+    _PIN
+    + _PRELUDE
+    + textwrap.dedent(
+        """
     sampler, n, d, draws, tune, pairs = sys.argv[1:7]
     n, d, draws, tune, pairs = (int(v) for v in (n, d, draws, tune, pairs))
     model, step = build(sampler, n, d)
@@ -124,8 +138,10 @@ _PAIRED = _PRELUDE + textwrap.dedent(
                 t = time.perf_counter()
                 pmsg.sample(chains=chains, **kw)
                 out.append(time.perf_counter() - t)
-    print("RESULT" + json.dumps({"ones": ones, "fours": fours}))
+    cpus = len(os.sched_getaffinity(0))
+    print("RESULT" + json.dumps({"ones": ones, "fours": fours, "cpus": cpus}))
     """
+    )
 )
 
 CONFIGS = (  # (driver, chains, cores)
@@ -148,13 +164,16 @@ def main() -> None:
     parser.add_argument(
         "--pairs", type=int, default=7, help="alternating 1- and 4-chain calls in one process"
     )
+    parser.add_argument(
+        "--no-rows", action="store_true", help="only the paired measurements, not the rows"
+    )
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "RESULTS.md"))
     args = parser.parse_args()
 
     busy0, wall0 = system_busy_seconds(), time.perf_counter()
     own0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     rows = []
-    for sampler in args.samplers.split(","):
+    for sampler in args.samplers.split(",") if not args.no_rows else []:
         base = None
         for driver, chains, cores in CONFIGS:
             result = run_script(
@@ -190,10 +209,18 @@ def main() -> None:
             )
     paired = []
     for sampler in args.samplers.split(",") if args.pairs > 0 else []:
-        result = run_script(_PAIRED, sampler, args.n, args.d, args.draws, args.tune, args.pairs)
-        ratios = np.array(result["fours"]) / np.array(result["ones"])
-        paired.append((sampler, np.median(result["ones"]), np.median(result["fours"]), ratios))
-        print(f"{sampler} paired: ratios {' '.join(f'{r:.2f}' for r in ratios)}", flush=True)
+        for pinned in (False, True):
+            result = run_script(
+                _PAIRED, sampler, args.n, args.d, args.draws, args.tune, args.pairs, int(pinned)
+            )
+            ratios = np.array(result["fours"]) / np.array(result["ones"])
+            one, four = np.median(result["ones"]), np.median(result["fours"])
+            paired.append((sampler, result["cpus"], one, four, ratios))
+            print(
+                f"{sampler} paired on {result['cpus']} CPU(s): ratios "
+                f"{' '.join(f'{r:.2f}' for r in ratios)}",
+                flush=True,
+            )
     own = sum(
         getattr(usage, f) - getattr(usage0, f)
         for usage, usage0 in zip(
@@ -217,42 +244,52 @@ def main() -> None:
         f"{platform.python_version()}",
         f"- other processes kept {others:.2f} cores busy on average during the run"
         + (" — TIMINGS CONTAMINATED, rerun on an idle machine" if others > 0.1 else ""),
-        "- first call: a fresh step (compilation + sampling); compiled: the fastest of "
-        f"{args.repeats} more identical calls on the same step object (pm.sample with cores=2 "
-        "compiles in its workers every time); compilation: their difference. Ratio: compiled "
-        "time over one chain of pmsg.sample.",
-        "",
-        "- CPU: the compiled call's CPU time in its process (all threads; not the worker "
-        "processes of pm.sample with cores=2): the work, which other processes do not inflate "
-        "as much as the wall time.",
-        "- The two phases of `pmsg.sample` (ratios to one chain): the tuning draws, each a host "
-        "round-trip through every chain's own `step()` (timed by a compiled call with "
-        "`draws=1`), and the sampling draws in the compiled loop (the compiled call less that).",
-        "",
-        "| sampler | driver | chains | cores | first call (s) | compiled (s) | compilation (s) "
-        "| ratio to 1 chain | compiled, CPU (s) | tuning draws, ratio | sampling draws, ratio |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    lines += [
-        f"| {s} | `{drv}` | {c} | {k} | {first:.2f} | {second:.2f} | {first - second:.2f} "
-        f"| {ratio:.2f}x | {'n/a' if drv == 'pm.sample' and k > 1 else f'{cpu:.2f}'} {phases}"
-        for s, drv, c, k, first, second, ratio, cpu, phases in rows
-    ]
+    if rows:
+        lines += [
+            "- first call: a fresh step (compilation + sampling); compiled: the fastest of "
+            f"{args.repeats} more identical calls on the same step object (pm.sample with "
+            "cores=2 compiles in its workers every time); compilation: their difference. Ratio: "
+            "compiled time over one chain of pmsg.sample.",
+            "- CPU: the compiled call's CPU time in its process (all threads; not the worker "
+            "processes of pm.sample with cores=2): the work, which other processes do not "
+            "inflate as much as the wall time.",
+            "- The two phases of `pmsg.sample` (ratios to one chain): the tuning draws, each a "
+            "host round-trip through every chain's own `step()` (timed by a compiled call with "
+            "`draws=1`), and the sampling draws in the compiled loop (the compiled call less "
+            "that).",
+            "",
+            "| sampler | driver | chains | cores | first call (s) | compiled (s) "
+            "| compilation (s) | ratio to 1 chain | compiled, CPU (s) | tuning draws, ratio "
+            "| sampling draws, ratio |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {s} | `{drv}` | {c} | {k} | {first:.2f} | {second:.2f} | {first - second:.2f} "
+            f"| {ratio:.2f}x | {'n/a' if drv == 'pm.sample' and k > 1 else f'{cpu:.2f}'} "
+            f"{phases}"
+            for s, drv, c, k, first, second, ratio, cpu, phases in rows
+        ]
     if paired:
         lines += [
             "",
             f"Paired in one process (`--pairs {args.pairs}`): `pmsg.sample` with 1 and with 4 "
             "chains (default cores) called alternately on one compiled step, each pair's ratio "
             "of wall times — the two sides see the same drift of the machine, which separate "
-            "interpreters minutes apart do not.",
+            "interpreters minutes apart do not. On all CPUs, and with the process pinned to one "
+            "CPU (where the default cores is 1: the 4 chains are one vmapped batch, so the "
+            "ratio is what batching the chains saves on one core; at 4x it saves nothing, and "
+            f"{os.cpu_count()} cores cannot bring 4 chains below {4 / os.cpu_count():.1f}x one "
+            "chain that runs no faster on them than on one).",
             "",
-            "| sampler | 1 chain, median (s) | 4 chains, median (s) | ratio, median "
+            "| sampler | CPUs | 1 chain, median (s) | 4 chains, median (s) | ratio, median "
             "| ratio, range |",
-            "|---|---:|---:|---:|---:|",
+            "|---|---:|---:|---:|---:|---:|",
         ]
         lines += [
-            f"| {s} | {one:.2f} | {four:.2f} | {np.median(r):.2f}x | {r.min():.2f}–{r.max():.2f}x |"
-            for s, one, four, r in paired
+            f"| {s} | {cpus} | {one:.2f} | {four:.2f} | {np.median(r):.2f}x "
+            f"| {r.min():.2f}–{r.max():.2f}x |"
+            for s, cpus, one, four, r in paired
         ]
     section = "\n".join(lines) + "\n"
     print(section)
