@@ -394,10 +394,20 @@ class SGMCMCStep(BlockedStep):
         self._reset_tuning()
 
     def __getstate__(self) -> dict[str, Any]:
+        from pymc_sgmcmc._multiprocessing import worker_cache_dir
+
         state = self.__dict__.copy()
         state["_compiled"] = None
         state["_chain_device"] = None
+        # pm.sample's worker processes share their compilations (see _multiprocessing).
+        state["_worker_cache"] = worker_cache_dir()
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        from pymc_sgmcmc._multiprocessing import use_worker_cache
+
+        self.__dict__.update(state)
+        use_worker_cache(state.get("_worker_cache"))
 
     # -- subclass hooks -----------------------------------------------------------------------
     def _make_iteration(
@@ -511,6 +521,10 @@ class SGMCMCStep(BlockedStep):
     def _compile(self) -> dict[str, Any]:
         if self._compiled is not None:
             return self._compiled
+        from pymc_sgmcmc._multiprocessing import use_worker_cache, worker_cache_dir
+
+        # A forked worker got the step by copy, not by unpickling: the cache from the parent.
+        use_worker_cache(self.__dict__.get("_worker_cache") or worker_cache_dir())
         import jax
         import jax.numpy as jnp
 

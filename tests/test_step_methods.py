@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -156,6 +157,49 @@ def test_multiprocess_in_a_fresh_process_uses_fork_and_lazy_jax():
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "OK" in out.stdout
+
+
+@pytest.mark.parametrize("start_jax_first", [False, True], ids=["fork", "forkserver"])
+def test_multiprocess_workers_share_one_compilation_cache(start_jax_first):
+    # Each worker process compiles the step again; they share a temporary JAX compilation
+    # cache named by the parent (by copy under fork, in the pickled step under forkserver), so
+    # that only the first compiles. Cached executables give the same draws; the parent's JAX
+    # configuration is untouched and the directory is gone when the parent exits.
+    script = textwrap.dedent(
+        f"""
+        import glob, json, multiprocessing, os
+        import numpy as np, pymc as pm, pymc_sgmcmc as pmsg, jax
+        from pymc_sgmcmc._multiprocessing import worker_cache_dir
+        if {start_jax_first}:
+            jax.numpy.zeros(1).block_until_ready()
+        rng = np.random.default_rng(0)
+        X = rng.normal(size=(500, 2)); y = X @ [1.0, 2.0] + rng.normal(size=500)
+        with pm.Model():
+            b = pm.Normal("b", 0, 1, shape=2)
+            pm.Normal("y", X @ b, 1.0, observed=y)
+            step = pmsg.IASG(batch_size=50)
+            kw = dict(draws=20, tune=5, chains=2, cores=2, step=step, random_seed=1,
+                      progressbar=False, compute_convergence_checks=False)
+            first = pm.sample(**kw).posterior["b"].values
+            cache = worker_cache_dir()
+            files = sorted(os.path.basename(f) for f in glob.glob(os.path.join(cache, "*")))
+            second = pm.sample(**kw).posterior["b"].values
+        print("RESULT" + json.dumps(dict(
+            cache=cache, files=files, same=bool(np.array_equal(first, second)),
+            parent_config=jax.config.jax_compilation_cache_dir,
+            method=multiprocessing.get_start_method(allow_none=True))))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT"))
+    result = json.loads(line[len("RESULT") :])
+    assert any(f.startswith("jit_draw-") for f in result["files"]), result["files"]
+    assert result["same"]
+    assert result["parent_config"] is None
+    assert not os.path.exists(result["cache"])
 
 
 def test_divergence_is_reported_not_returned_as_nan(model):
