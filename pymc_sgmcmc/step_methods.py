@@ -406,8 +406,9 @@ class SGMCMCStep(BlockedStep):
     def __setstate__(self, state: dict[str, Any]) -> None:
         from pymc_sgmcmc._multiprocessing import use_worker_cache
 
+        state = dict(state)
+        use_worker_cache(state.pop("_worker_cache", None))
         self.__dict__.update(state)
-        use_worker_cache(state.get("_worker_cache"))
 
     # -- subclass hooks -----------------------------------------------------------------------
     def _make_iteration(
@@ -523,8 +524,8 @@ class SGMCMCStep(BlockedStep):
             return self._compiled
         from pymc_sgmcmc._multiprocessing import use_worker_cache, worker_cache_dir
 
-        # A forked worker got the step by copy, not by unpickling: the cache from the parent.
-        use_worker_cache(self.__dict__.get("_worker_cache") or worker_cache_dir())
+        # A forked worker got the step by copy, not by unpickling: the parent's cache.
+        use_worker_cache(worker_cache_dir())
         import jax
         import jax.numpy as jnp
 

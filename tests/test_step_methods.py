@@ -162,18 +162,24 @@ def test_multiprocess_in_a_fresh_process_uses_fork_and_lazy_jax():
 @pytest.mark.parametrize("start_jax_first", [False, True], ids=["fork", "forkserver"])
 def test_multiprocess_workers_share_one_compilation_cache(start_jax_first):
     # Each worker process compiles the step again; they share a temporary JAX compilation
-    # cache named by the parent (by copy under fork, in the pickled step under forkserver), so
-    # that only the first compiles. Cached executables give the same draws; the parent's JAX
-    # configuration is untouched and the directory is gone when the parent exits.
+    # cache named by the parent (by copy under fork, in the pickled step under forkserver).
+    # The second call's workers load every executable (no entry is written again) and give
+    # the same draws; the parent's JAX configuration is untouched, the directory is removed
+    # when the parent exits.
     script = textwrap.dedent(
         f"""
-        import glob, json, multiprocessing, os
+        import glob, json, os
         import numpy as np, pymc as pm, pymc_sgmcmc as pmsg, jax
         from pymc_sgmcmc._multiprocessing import worker_cache_dir
         if {start_jax_first}:
             jax.numpy.zeros(1).block_until_ready()
         rng = np.random.default_rng(0)
         X = rng.normal(size=(500, 2)); y = X @ [1.0, 2.0] + rng.normal(size=500)
+
+        def entries():
+            paths = glob.glob(os.path.join(worker_cache_dir(), "*-cache"))
+            return {{os.path.basename(p): os.stat(p).st_mtime_ns for p in paths}}
+
         with pm.Model():
             b = pm.Normal("b", 0, 1, shape=2)
             pm.Normal("y", X @ b, 1.0, observed=y)
@@ -181,13 +187,12 @@ def test_multiprocess_workers_share_one_compilation_cache(start_jax_first):
             kw = dict(draws=20, tune=5, chains=2, cores=2, step=step, random_seed=1,
                       progressbar=False, compute_convergence_checks=False)
             first = pm.sample(**kw).posterior["b"].values
-            cache = worker_cache_dir()
-            files = sorted(os.path.basename(f) for f in glob.glob(os.path.join(cache, "*")))
+            written = entries()
             second = pm.sample(**kw).posterior["b"].values
         print("RESULT" + json.dumps(dict(
-            cache=cache, files=files, same=bool(np.array_equal(first, second)),
-            parent_config=jax.config.jax_compilation_cache_dir,
-            method=multiprocessing.get_start_method(allow_none=True))))
+            cache=worker_cache_dir(), files=sorted(written), rewritten=entries() != written,
+            same=bool(np.array_equal(first, second)),
+            parent_config=jax.config.jax_compilation_cache_dir)))
         """
     )
     out = subprocess.run(
@@ -197,9 +202,11 @@ def test_multiprocess_workers_share_one_compilation_cache(start_jax_first):
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT"))
     result = json.loads(line[len("RESULT") :])
     assert any(f.startswith("jit_draw-") for f in result["files"]), result["files"]
+    assert not result["rewritten"]
     assert result["same"]
     assert result["parent_config"] is None
     assert not os.path.exists(result["cache"])
+    assert "compilation cache" not in out.stderr  # no failed reads or writes of entries
 
 
 def test_divergence_is_reported_not_returned_as_nan(model):
