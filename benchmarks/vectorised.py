@@ -29,6 +29,11 @@ alternately ``--pairs`` (7) times on one compiled step and reports the median an
 the pairs' ratios: both sides of a pair see the same drift of the machine, which rows run in
 separate interpreters minutes apart do not (their ratios moved by ±30% between re-runs).
 
+The same pairs also run in an interpreter pinned to one CPU (there the 4 chains are one
+vmapped batch: what batching saves), and side by side: one chain in each of two interpreters
+pinned to the two CPUs, one alone then both at once — how much a chain slows down when the
+other CPU works too, i.e. what the second CPU is worth to chains that share nothing.
+
 Other processes' CPU use during the run is measured (``/proc/stat``); above 0.1 core on
 average the table is marked contaminated.
 
@@ -45,6 +50,7 @@ import datetime as _dt
 import os
 import platform
 import resource
+import subprocess
 import sys
 import textwrap
 import time
@@ -144,6 +150,74 @@ _PAIRED = (
     )
 )
 
+# Side by side: one chain in each of two interpreters, each pinned to its own CPU, commanded
+# over stdin so that the parent can run one of them alone or both at once. How much slower a
+# chain gets when the other CPU runs one too is what the machine's second CPU is worth to
+# independent chains (shared cache and memory bandwidth, the host's other tenants).
+_SIDE = _PRELUDE + textwrap.dedent(
+    """
+    import os
+    sampler, n, d, draws, tune, cpu = sys.argv[1:7]
+    n, d, draws, tune, cpu = (int(v) for v in (n, d, draws, tune, cpu))
+    os.sched_setaffinity(0, {cpu})
+    model, step = build(sampler, n, d)
+    kw = dict(step=step, draws=draws, tune=tune, chains=1, random_seed=1, progressbar=False,
+              compute_convergence_checks=False)
+    with model:
+        pmsg.sample(**kw)  # compile
+        print("READY", flush=True)
+        for line in sys.stdin:
+            if line.strip() != "run":
+                break
+            t = time.perf_counter()
+            pmsg.sample(**kw)
+            print("TIME", time.perf_counter() - t, flush=True)
+    """
+)
+
+
+def side_by_side(sampler: str, n: int, d: int, draws: int, tune: int, pairs: int) -> dict:
+    """One chain alone on one CPU against the same chain while the other CPU runs one too:
+    ``pairs`` alternations (alone on CPU ``a``, then both), ``a`` taking turns."""
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _SIDE, sampler, str(n), str(d), str(draws), str(tune), str(c)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        for c in cpus
+    ]
+
+    def expect(proc, tag):
+        for line in proc.stdout:
+            if line.startswith(tag):
+                return line.split()[1:]
+        raise RuntimeError(f"side-by-side child exited before {tag}")
+
+    def run(which):
+        for p in which:
+            p.stdin.write("run\n")
+            p.stdin.flush()
+        return [float(expect(p, "TIME")[0]) for p in which]
+
+    try:
+        for p in procs:
+            expect(p, "READY")
+        alone, together = [], []
+        for i in range(pairs):
+            a = i % 2
+            alone.append(run([procs[a]])[0])
+            together.append(run(procs)[a])
+    finally:
+        for p in procs:
+            p.stdin.close()
+            p.wait()
+    return {"alone": alone, "together": together, "cpus": cpus}
+
+
 CONFIGS = (  # (driver, chains, cores)
     ("pmsg.sample", 1, 1),
     ("pmsg.sample", 4, 2),
@@ -223,6 +297,17 @@ def main() -> None:
                 f"{' '.join(f'{r:.2f}' for r in ratios)}",
                 flush=True,
             )
+    side = []
+    can_side = hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2
+    for sampler in args.samplers.split(",") if args.pairs > 0 and can_side else []:
+        result = side_by_side(sampler, args.n, args.d, args.draws, args.tune, args.pairs)
+        slow = np.array(result["together"]) / np.array(result["alone"])
+        side.append((sampler, np.median(result["alone"]), np.median(result["together"]), slow))
+        print(
+            f"{sampler} side by side on CPUs {result['cpus']}: slowdowns "
+            f"{' '.join(f'{r:.2f}' for r in slow)}",
+            flush=True,
+        )
     own = sum(
         getattr(usage, f) - getattr(usage0, f)
         for usage, usage0 in zip(
@@ -292,6 +377,25 @@ def main() -> None:
             f"| {s} | {cpus} | {one:.2f} | {four:.2f} | {np.median(r):.2f}x "
             f"| {r.min():.2f}–{r.max():.2f}x |"
             for s, cpus, one, four, r in paired
+        ]
+    if side:
+        lines += [
+            "",
+            "Side by side (`--pairs` alternations): one chain (`pmsg.sample(chains=1)`) in each "
+            "of two interpreters, each pinned to its own CPU; one of them alone, then both at "
+            "once. The slowdown of a chain when the other CPU runs one too (shared cache and "
+            "memory bandwidth, the host's other tenants) prices the second CPU for chains that "
+            "share nothing: 4 such chains, two at a time, cost 2 × slowdown × one chain alone. "
+            "Vectorised chains get below that only by sharing work in their batch.",
+            "",
+            "| sampler | 1 chain alone, median (s) | both CPUs busy, median (s) | slowdown, median "
+            "| slowdown, range | 4 independent chains on 2 CPUs (× one alone) |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {s} | {alone:.2f} | {together:.2f} | {np.median(r):.2f}x "
+            f"| {r.min():.2f}–{r.max():.2f}x | {2 * np.median(r):.2f}x |"
+            for s, alone, together, r in side
         ]
     section = "\n".join(lines) + "\n"
     print(section)
