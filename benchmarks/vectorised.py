@@ -154,12 +154,14 @@ _PAIRED = (
 # over stdin so that the parent can run one of them alone or both at once. How much slower a
 # chain gets when the other CPU runs one too is what the machine's second CPU is worth to
 # independent chains (shared cache and memory bandwidth, the host's other tenants).
-_SIDE = _PRELUDE + textwrap.dedent(
-    """
-    import os
-    sampler, n, d, draws, tune, cpu = sys.argv[1:7]
-    n, d, draws, tune, cpu = (int(v) for v in (n, d, draws, tune, cpu))
-    os.sched_setaffinity(0, {cpu})
+_SIDE = (
+    # Pinned before anything starts a thread (as _PIN), so XLA sizes its pool for one CPU.
+    "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[6])})\n"
+    + _PRELUDE
+    + textwrap.dedent(
+        """
+    sampler, n, d, draws, tune = sys.argv[1:6]
+    n, d, draws, tune = (int(v) for v in (n, d, draws, tune))
     model, step = build(sampler, n, d)
     kw = dict(step=step, draws=draws, tune=tune, chains=1, random_seed=1, progressbar=False,
               compute_convergence_checks=False)
@@ -173,6 +175,7 @@ _SIDE = _PRELUDE + textwrap.dedent(
             pmsg.sample(**kw)
             print("TIME", time.perf_counter() - t, flush=True)
     """
+    )
 )
 
 
