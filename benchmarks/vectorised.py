@@ -46,6 +46,7 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import os
 import platform
@@ -180,25 +181,20 @@ _SIDE = (
 
 
 def side_by_side(sampler: str, n: int, d: int, draws: int, tune: int, pairs: int) -> dict:
-    """One chain alone on one CPU against the same chain while the other CPU runs one too:
-    ``pairs`` alternations (alone on CPU ``a``, then both), ``a`` taking turns."""
+    """One chain alone on one CPU, and one chain on each of two CPUs at once, ``pairs`` times
+    (the order alternating within pairs, the lone CPU taking turns). ``together`` holds the
+    wall time of both (the slower child's call): what 2 chains sharing nothing cost."""
     cpus = sorted(os.sched_getaffinity(0))[:2]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _SIDE, sampler, str(n), str(d), str(draws), str(tune), str(c)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-        )
-        for c in cpus
-    ]
+    procs = []
 
     def expect(proc, tag):
         for line in proc.stdout:
             if line.startswith(tag):
                 return line.split()[1:]
-        raise RuntimeError(f"side-by-side child exited before {tag}")
+        raise RuntimeError(
+            f"side-by-side child on CPU {cpus[procs.index(proc)]} exited before {tag} "
+            f"(exit code {proc.wait()}; its error is above)"
+        )
 
     def run(which):
         for p in which:
@@ -206,18 +202,38 @@ def side_by_side(sampler: str, n: int, d: int, draws: int, tune: int, pairs: int
             p.stdin.flush()
         return [float(expect(p, "TIME")[0]) for p in which]
 
+    ok = False
     try:
+        for c in cpus:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", _SIDE, sampler, *map(str, (n, d, draws, tune, c))],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    cwd=REPO,
+                )
+            )
         for p in procs:
             expect(p, "READY")
         alone, together = [], []
         for i in range(pairs):
-            a = i % 2
-            alone.append(run([procs[a]])[0])
-            together.append(run(procs)[a])
+            lone = [procs[i % 2]]
+            for which in (lone, procs) if i % 4 < 2 else (procs, lone):
+                times = run(which)
+                if len(which) == 1:
+                    alone.extend(times)
+                else:
+                    together.append(max(times))
+        ok = True
     finally:
         for p in procs:
-            p.stdin.close()
+            with contextlib.suppress(BrokenPipeError):
+                p.stdin.close()
+            if not ok:
+                p.kill()
             p.wait()
+            p.stdout.close()
     return {"alone": alone, "together": together, "cpus": cpus}
 
 
@@ -239,10 +255,16 @@ def main() -> None:
     parser.add_argument("--samplers", default="SGLD,IASG")
     parser.add_argument("--repeats", type=int, default=3, help="compiled calls; the fastest")
     parser.add_argument(
-        "--pairs", type=int, default=7, help="alternating 1- and 4-chain calls in one process"
+        "--pairs",
+        type=int,
+        default=7,
+        help="alternating 1- and 4-chain calls in one process (on all CPUs and pinned to one), "
+        "and side-by-side calls; 0: none of them",
     )
     parser.add_argument(
-        "--no-rows", action="store_true", help="only the paired measurements, not the rows"
+        "--no-rows",
+        action="store_true",
+        help="only the paired and side-by-side measurements, not the rows",
     )
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "RESULTS.md"))
     args = parser.parse_args()
@@ -302,13 +324,17 @@ def main() -> None:
             )
     side = []
     can_side = hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2
+    if args.pairs > 0 and not can_side:
+        print("side by side skipped: it needs two CPUs and sched_setaffinity", flush=True)
     for sampler in args.samplers.split(",") if args.pairs > 0 and can_side else []:
         result = side_by_side(sampler, args.n, args.d, args.draws, args.tune, args.pairs)
-        slow = np.array(result["together"]) / np.array(result["alone"])
-        side.append((sampler, np.median(result["alone"]), np.median(result["together"]), slow))
+        alone, together = np.median(result["alone"]), np.median(result["together"])
+        vectorised = next((four for s, k, _, four, _ in paired if s == sampler and k > 1), None)
+        side.append((sampler, result["cpus"], alone, together, vectorised))
         print(
-            f"{sampler} side by side on CPUs {result['cpus']}: slowdowns "
-            f"{' '.join(f'{r:.2f}' for r in slow)}",
+            f"{sampler} side by side on CPUs {result['cpus']}: alone "
+            f"{' '.join(f'{t:.2f}' for t in result['alone'])} s, both "
+            f"{' '.join(f'{t:.2f}' for t in result['together'])} s",
             flush=True,
         )
     own = sum(
@@ -384,22 +410,26 @@ def main() -> None:
     if side:
         lines += [
             "",
-            "Side by side (`--pairs` alternations): one chain (`pmsg.sample(chains=1)`) in each "
-            "of two interpreters, each pinned to its own CPU; one of them alone, then both at "
-            "once. The slowdown of a chain when the other CPU runs one too (shared cache and "
-            "memory bandwidth, the host's other tenants) prices the second CPU for chains that "
-            "share nothing: 4 such chains, two at a time, cost 2 × slowdown × one chain alone. "
-            "Vectorised chains get below that only by sharing work in their batch.",
+            f"Side by side (`--pairs` {args.pairs} times): `pmsg.sample(chains=1)` in each of "
+            "two interpreters, each pinned to its own CPU before its imports; one of them alone, "
+            "and both at once (the slower one's call, i.e. the wall time of the two), the order "
+            "alternating. Two chains that share nothing, one per CPU, each with its own copy "
+            "of the data: 4 of them cost 2 × that wall time (without their interpreters' "
+            "start-up and compilation). `pmsg.sample`'s 4 chains (the paired 2-CPU median "
+            "above) beat that only by sharing work or cached data between chains.",
             "",
-            "| sampler | 1 chain alone, median (s) | both CPUs busy, median (s) | slowdown, median "
-            "| slowdown, range | 4 independent chains on 2 CPUs (× one alone) |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| sampler | CPUs | 1 chain alone, median (s) | 2 chains at once, median (s) "
+            "| slowdown | 4 independent chains (s) | `pmsg.sample`, 4 chains (s) "
+            "| vectorised / independent |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
         ]
-        lines += [
-            f"| {s} | {alone:.2f} | {together:.2f} | {np.median(r):.2f}x "
-            f"| {r.min():.2f}–{r.max():.2f}x | {2 * np.median(r):.2f}x |"
-            for s, alone, together, r in side
-        ]
+        for s, cpus, alone, together, vectorised in side:
+            vec = "" if vectorised is None else f"{vectorised:.2f}"
+            ratio = "" if vectorised is None else f"{vectorised / (2 * together):.2f}"
+            lines.append(
+                f"| {s} | {', '.join(map(str, cpus))} | {alone:.2f} | {together:.2f} "
+                f"| {together / alone:.2f}x | {2 * together:.2f} | {vec} | {ratio} |"
+            )
     section = "\n".join(lines) + "\n"
     print(section)
     if args.out != "-":
