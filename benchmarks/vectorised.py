@@ -145,8 +145,8 @@ _PAIRED = (
                 t = time.perf_counter()
                 pmsg.sample(chains=chains, **kw)
                 out.append(time.perf_counter() - t)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    print("RESULT" + json.dumps({"ones": ones, "fours": fours, "cpus": cpus}))
+    from pymc_sgmcmc.sampling import _usable_cpus  # what the default cores counts
+    print("RESULT" + json.dumps({"ones": ones, "fours": fours, "cpus": _usable_cpus()}))
     """
     )
 )
@@ -323,7 +323,8 @@ def main() -> None:
                 flush=True,
             )
     side = []
-    can_side = hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    can_side = hasattr(os, "sched_setaffinity") and usable >= 2
     if args.pairs > 0 and not can_side:
         print("side by side skipped: it needs two CPUs and sched_setaffinity", flush=True)
     for sampler in args.samplers.split(",") if args.pairs > 0 and can_side else []:
@@ -418,9 +419,9 @@ def main() -> None:
             "start-up and compilation). `pmsg.sample`'s 4 chains (the paired 2-CPU median "
             "above) beat that only by sharing work or cached data between chains."
             + (
-                f" This machine has {len(os.sched_getaffinity(0))} CPUs: the side-by-side "
+                f" This machine has {usable} CPUs: the side-by-side "
                 "chains use two of them, `pmsg.sample` up to 4, which favours it."
-                if len(os.sched_getaffinity(0)) > 2
+                if usable > 2
                 else ""
             ),
             "",
