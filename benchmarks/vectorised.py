@@ -63,6 +63,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import REPO, append_section, git_state, run_script  # noqa: E402
 from throughput import cpu_model, system_busy_seconds  # noqa: E402
 
+from pymc_sgmcmc.sampling import _usable_cpus  # noqa: E402
+
 _PRELUDE = textwrap.dedent(
     """
     import json, resource, sys, time, logging, warnings
@@ -115,19 +117,21 @@ _RUN = _PRELUDE + textwrap.dedent(
     """
 )
 
-# Pinned: the process (and every thread it starts: XLA's pool, the chains' threads) runs on
-# one CPU, set before anything starts a thread. pmsg.sample's default cores is then 1: the 4
-# chains are one vmapped batch, and the ratio is what batching itself saves.
-_PIN = textwrap.dedent(
-    """
-    import os, sys
-    if sys.argv[7] == "1":
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    """
-)
 
+def _pin(arg: int) -> str:
+    """A child's first lines: pin the process (and every thread it starts: XLA's pool, the
+    chains' threads) to the CPU given as ``sys.argv[arg]`` (``-``: not pinned), before
+    anything starts a thread, so that XLA sizes its pool for one CPU."""
+    return (
+        f"import os, sys\nif sys.argv[{arg}] != '-':\n"
+        f"    os.sched_setaffinity(0, {{int(sys.argv[{arg}])}})\n"
+    )
+
+
+# Paired: pinned to one CPU, pmsg.sample's default cores is 1: the 4 chains are one vmapped
+# batch, and the ratio is what batching itself saves.
 _PAIRED = (
-    _PIN
+    _pin(7)
     + _PRELUDE
     + textwrap.dedent(
         """
@@ -156,8 +160,7 @@ _PAIRED = (
 # chain gets when the other CPU runs one too is what the machine's second CPU is worth to
 # independent chains (shared cache and memory bandwidth, the host's other tenants).
 _SIDE = (
-    # Pinned before anything starts a thread (as _PIN), so XLA sizes its pool for one CPU.
-    "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[6])})\n"
+    _pin(6)
     + _PRELUDE
     + textwrap.dedent(
         """
@@ -308,11 +311,13 @@ def main() -> None:
                 f" (fastest {ratio:.2f}x)",
                 flush=True,
             )
+    usable = _usable_cpus()  # what pmsg.sample's default cores counts
+    can_pin = hasattr(os, "sched_setaffinity")
     paired = []
     for sampler in args.samplers.split(",") if args.pairs > 0 else []:
-        for pinned in (False, True) if hasattr(os, "sched_setaffinity") else (False,):
+        for pin in ("-", min(os.sched_getaffinity(0))) if can_pin else ("-",):
             result = run_script(
-                _PAIRED, sampler, args.n, args.d, args.draws, args.tune, args.pairs, int(pinned)
+                _PAIRED, sampler, args.n, args.d, args.draws, args.tune, args.pairs, pin
             )
             ratios = np.array(result["fours"]) / np.array(result["ones"])
             one, four = np.median(result["ones"]), np.median(result["fours"])
@@ -323,8 +328,7 @@ def main() -> None:
                 flush=True,
             )
     side = []
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-    can_side = hasattr(os, "sched_setaffinity") and usable >= 2
+    can_side = can_pin and usable >= 2
     if args.pairs > 0 and not can_side:
         print("side by side skipped: it needs two CPUs and sched_setaffinity", flush=True)
     for sampler in args.samplers.split(",") if args.pairs > 0 and can_side else []:
