@@ -15,7 +15,9 @@ PyMC's ``pm.sample`` writes ``sampling_time``, ``tuning_steps`` etc. into the ``
       With ``cores > 1`` the chains are tuned inside worker processes, which do not send their
       step objects back, so each step also emits its tuned settings as the ``sgmcmc_tuned``
       stat (a JSON string on the chain's first draw after tuning, else empty); it is read
-      here and dropped from ``sample_stats`` / ``warmup_sample_stats``.
+      here and dropped from ``sample_stats`` / ``warmup_sample_stats``;
+    - ``sgmcmc_diagnostics``: the self-check's report (:mod:`pymc_sgmcmc.diagnostics`), from
+      the ``sgmcmc_check`` stat, which is dropped too; a failed check warns.
 
 ``_sample`` and ``_mp_sample``
     stop a chain whose step raised :class:`~pymc_sgmcmc.errors.DivergenceError` after
@@ -36,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from pymc_sgmcmc.diagnostics import run_checks
 from pymc_sgmcmc.errors import DivergenceError
 
 __all__ = ["install", "sgmcmc_attrs", "step_entries", "variational_group"]
@@ -251,6 +254,7 @@ def install() -> None:
             for name in ("posterior", "sample_stats"):
                 if name in result.groups():
                     result[name].attrs.update(attrs)
+            run_checks(result, entries)
             if group is not None:
                 result.add_groups({"variational": group})
         if diverged:

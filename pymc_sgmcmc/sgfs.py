@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from pymc_sgmcmc.step_methods import ConstantSGD
+from pymc_sgmcmc.tuning.rates import Rates
 
 __all__ = ["SGFS", "sgfs_noise_floor"]
 
@@ -167,10 +168,6 @@ class SGFS(ConstantSGD):
 
     name = "sgfs"
 
-    # Theorem 5's continuous-time H* = 2 M⁻¹. The discrete-time solution would be
-    # 2 (M + N C)⁻¹ (Fisher identity), which differs from it by about B/N; not adopted here.
-    _discrete_time_rate = False
-
     def __init__(
         self,
         vars: Sequence[Any] | None = None,
@@ -204,19 +201,28 @@ class SGFS(ConstantSGD):
     def _valid_kwargs(cls) -> set[str]:
         return super()._valid_kwargs() - {"momentum", "step_size"}
 
-    def _raise_noise(self, lifted: np.ndarray, lift: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if self.h_max is None:
-            return lifted, lift
-        raised, increase = sgfs_noise_floor(
-            lifted, self.problem.data_size, self.batch_size, self.h_max, self.temperature
-        )
-        return raised, lift + increase
+    def _rates(self, noise_z: np.ndarray, cap: float, whitening: Any) -> Rates:
+        # Constant SGD's rule (all the noise the minibatch gives, the rest injected), with the
+        # step bounded so that every H_kk = h (A⁻¹)_kk ≤ h_max.
+        if self.h_max is not None and whitening is not None:
+            cov = whitening.covariance()
+            diag = np.diag(cov) if cov.ndim == 2 else cov
+            cap = min(cap, self.h_max / max(float(diag.max()), 1e-300))
+        return super()._rates(noise_z, cap, whitening)
 
     def injected_noise(self) -> np.ndarray:
-        """The tuned N-scale covariance of the injected gradient noise ``e``: ``(D,)`` (its
-        diagonal, for ``"diagonal"``) or ``(D, D)``."""
+        r"""The tuned N-scale covariance of the injected noise in gradient units,
+        :math:`EE^\top = H^{-1} R R^\top H^{-1}` (the step adds :math:`H e = R\xi`):
+        ``(D,)`` (its diagonal, for ``"diagonal"``) or ``(D, D)``."""
         scale = np.asarray(self.inject_value, dtype=np.float64)
-        return scale @ scale.T if scale.ndim == 2 else scale**2
+        tuned = self.tuned
+        if tuned is None:
+            return scale @ scale.T if scale.ndim == 2 else scale**2
+        inverse = tuned.whitening.precision() / tuned.step_size
+        if scale.ndim == 2:
+            root = inverse @ scale
+            return root @ root.T
+        return (inverse * scale) ** 2
 
     def settings(self) -> dict[str, Any]:
         injected = self.injected_noise()

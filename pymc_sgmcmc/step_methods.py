@@ -25,6 +25,7 @@ from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator
 
 from pymc_sgmcmc.bridge import MinibatchProblem, build_problem
+from pymc_sgmcmc.diagnostics import check_indices, predicted_sd_ratio
 from pymc_sgmcmc.errors import DataShapeError, DivergenceError, ModelNotSupportedError
 from pymc_sgmcmc.kernels.preconditioning import apply_preconditioner
 from pymc_sgmcmc.minibatch import (
@@ -34,29 +35,34 @@ from pymc_sgmcmc.minibatch import (
     layout_data,
     minibatch_indices,
     minibatch_row_ids,
+    noise_factor,
     take_minibatch,
 )
 from pymc_sgmcmc.schedules import Schedule, as_schedule, polynomial_decay
 from pymc_sgmcmc.sharding import resolve_devices, shard_data, sharded_loglik
 from pymc_sgmcmc.tuning import (
-    FULL_MAX_DIM,
     NoiseEstimate,
     PreconditionerKind,
-    curvature_preconditioner,
     gradient_noise,
-    iasg_preconditioner,
     iasg_window,
-    kl_optimal_preconditioner,
     lanczos_extremes,
-    lift_noise,
-    preconditioned_sgld_step_size,
     sgld_step_size,
 )
+from pymc_sgmcmc.tuning.adaptation import StepSizeAdaptation, initial_mala_step
+from pymc_sgmcmc.tuning.rates import Rates, iasg_rule, langevin_rule
+from pymc_sgmcmc.tuning.tuner import Measurement, Tuned, Tuner
+from pymc_sgmcmc.tuning.whitening import DENSE_MAX_DIM
 from pymc_sgmcmc.variational import LOCAL_FAMILIES, Hybrid, HybridState, LocalLayout
 
 __all__ = ["IASG", "SGLD", "ConstantSGD", "SGMCMCStep"]
 
-DEFAULT_BATCH_SIZE = 256
+DEFAULT_BATCH_SIZE = 256  # the smallest default minibatch (see default_batch_size)
+CONSTANT_SGD_STEP_CAP = 0.25  # whitened units: the discretisation limit on skewed posteriors
+LANGEVIN_STEP_CAP = 0.25
+LANGEVIN_NOISE_SHARE = 0.25  # SGLD, SAGA-LD, SVRG-LD: at most a quarter of the noise is the gradient's
+FULL_BATCH_MAX_ROWS = 4096
+"""Up to this many rows the default minibatch is the whole data set (see default_batch_size)."""
+MALA_THIN = 4  # MALA iterations per saved draw by default (full batch)
 EXACT_DIAG_MAX_DIM = 64
 MAX_RELAXATION_CHECK_DIM = 400  # IASG's end-of-tuning check of its slowest direction
 NOISE_REPEATS = 16  # ELBO gradients whose covariance is the noise estimate with local_vars
@@ -71,6 +77,29 @@ DIVERGENCE_SHRINK = 0.5
 # by about N/√B per-row sds.)
 LOSS_JUMP_ABS = 1e10
 LOSS_JUMP_REL = 1e4
+
+
+def default_batch_size(data_size: int) -> int:
+    r"""The default ``batch_size`` for ``N`` rows.
+
+    - ``N ≤ 4096``: ``B = N``, the full data. There is then no minibatch noise and every sampler
+      runs Metropolis-adjusted Langevin (:mod:`pymc_sgmcmc.kernels.mala`), which is exact; a
+      full-data gradient costs about what a pass of minibatches does at these sizes.
+    - above: ``B = max(256, 2^round(log₂ √N))`` (256 up to N = 65 536 rows, 1024 at 10⁶, 8192
+      at 10⁸). With the tuned step ``h ≈ 2B/N`` a chain relaxes in about half a pass whatever
+      ``B``, so a larger ``B`` costs no mixing per pass and spreads the per-iteration overhead
+      over more rows; ``N/B ≥ √N ≥ 64`` keeps the step small (``h ≲ 0.03``) and IASG's window
+      long.
+
+    Examples
+    --------
+    >>> [default_batch_size(n) for n in (50, 4096, 4097, 10**5, 10**6, 10**8)]
+    [50, 4096, 256, 256, 1024, 8192]
+    """
+    data_size = int(data_size)
+    if data_size <= FULL_BATCH_MAX_ROWS:
+        return max(data_size, 1)
+    return min(data_size, max(DEFAULT_BATCH_SIZE, 2 ** round(math.log2(math.sqrt(data_size)))))
 
 
 @dataclass_state
@@ -160,9 +189,15 @@ class SGMCMCStep(BlockedStep):
         "minibatch_loss": (np.float64, []),
         "grad_norm": (np.float64, []),
         "diverging": (bool, []),
+        # Mean Metropolis acceptance probability of the draw's iterations (full batch, MALA);
+        # NaN for the stochastic-gradient updates.
+        "acceptance_rate": (np.float64, []),
         # JSON of the tuned settings on a chain's first draw after tuning, else "" (moved
         # from sample_stats into the attrs by pm.sample; see pymc_sgmcmc._hooks).
         "sgmcmc_tuned": (object, None),
+        # The self-check's terms of a sampling draw (a small array; moved out of sample_stats
+        # by pm.sample into the sgmcmc_diagnostics attrs, see pymc_sgmcmc.diagnostics).
+        "sgmcmc_check": (object, None),
     }
     _state_class = SGMCMCStepState
 
@@ -231,7 +266,7 @@ class SGMCMCStep(BlockedStep):
                     "SGFS with out-of-core data=, or load the arrays into memory."
                 )
         n = self.problem.data_size
-        self.batch_size = int(batch_size) if batch_size is not None else min(DEFAULT_BATCH_SIZE, n)
+        self.batch_size = int(batch_size) if batch_size is not None else default_batch_size(n)
         if freeze_locals is None:
             # Adapt while sampling where q's targets are exact (every row in every
             # iteration); with minibatches their noise would pass into the locals' draws, so
@@ -263,17 +298,26 @@ class SGMCMCStep(BlockedStep):
                 "Out-of-core data= and devices= cannot be combined yet: load the data into "
                 "memory to split minibatches across devices, or use one device."
             )
-        if thin is None:
-            thin = math.ceil(n / self.batch_size)
-        if int(thin) != thin or thin < 1:
-            raise ValueError(f"thin must be a positive integer, got {thin!r}.")
-        self.thin = int(thin)
         if not temperature > 0:
             raise ValueError(f"temperature must be positive, got {temperature!r}.")
         self.temperature = float(temperature)
         if minibatch not in ("blocks", "random"):
             raise ValueError(f"minibatch must be 'blocks' or 'random', got {minibatch!r}.")
         self.minibatch: MinibatchScheme = minibatch
+        # Every row in every iteration, in memory: the gradient is exact, and the automatically
+        # tuned samplers run Metropolis-adjusted Langevin (see ``exact``).
+        self.full_batch = (
+            self.batch_size >= n
+            and minibatch == "blocks"
+            and self.hybrid is None
+            and not self.streaming
+            and devices in (None, 1, "chains")
+        )
+        if thin is None:
+            thin = MALA_THIN if self.full_batch else math.ceil(n / self.batch_size)
+        if int(thin) != thin or thin < 1:
+            raise ValueError(f"thin must be a positive integer, got {thin!r}.")
+        self.thin = int(thin)
         value_vars = {v.name: v for v in model.value_vars}
         # The locals are this step's too (their draws come from q), so that pm.sample does not
         # assign them another step method.
@@ -293,6 +337,16 @@ class SGMCMCStep(BlockedStep):
         self._draw_index = 0
         self._ref_loss = float("nan")  # the last draw's minibatch loss (divergence check)
         self._chain_device: Any = None  # devices="chains": where this chain's data are
+        # Automatic tuning (pymc_sgmcmc.tuning.tuner), set up by the subclasses: the tuner, the
+        # tuning in force, and whether the full-batch chain runs MALA.
+        self.tuner: Tuner | None = None
+        self.tuned: Tuned | None = None
+        self.exact = False
+        self.whitening_kind = "dense" if self.problem.dim <= DENSE_MAX_DIM else "diagonal"
+        self._mala: StepSizeAdaptation | None = None
+        self._sampled_idx: np.ndarray | None = None  # set when some coordinates are hyper
+        self._check: dict[str, np.ndarray] | None = None  # the self-check's centre, A⁻¹, ...
+        self._check_report: dict[str, Any] = {}
 
     @classmethod
     def _valid_kwargs(cls) -> set[str]:
@@ -361,7 +415,7 @@ class SGMCMCStep(BlockedStep):
             # q jumps to its fixed point (ρ = 1) and follows the globals at once. Minibatches:
             # ρ = 0.1 averages the targets over ~10 iterations.
             n = problem.data_size
-            learning_rate = 1.0 if (batch_size or min(DEFAULT_BATCH_SIZE, n)) >= n else 0.1
+            learning_rate = 1.0 if (batch_size or default_batch_size(n)) >= n else 0.1
         rate = as_schedule(learning_rate, "local_learning_rate")
         fixed_names = [v.name for v in problem.fixed_infos]
         infos = {v.name: v for v in problem.fixed_infos}
@@ -391,6 +445,13 @@ class SGMCMCStep(BlockedStep):
         self._shrink = 1.0
         self._stopped = None
         self._draw_index = 0
+        self.tuned = None
+        self._check = None
+        self._check_report = {}
+        if self.tuner is not None:
+            self.tuner.init()
+            if self.exact:
+                self._mala = StepSizeAdaptation(initial_mala_step(self.problem.dim))
         self._reset_tuning()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -486,6 +547,7 @@ class SGMCMCStep(BlockedStep):
             "minibatched_observed": list(self.problem.minibatched_observed),
             "dtype": self.problem.dtype,
             "divergence_step_factor": self._shrink,
+            **self._check_report,
             "devices": self._device_summary(),
             **self._local_settings(),
         }
@@ -554,6 +616,13 @@ class SGMCMCStep(BlockedStep):
         logdensity = fns["logdensity"]
         iteration = self._make_iteration(fns, kernel_step, data)
         init = self._make_init(fns, kernel_init)
+        start_draw, mix_normals = self._start_draw, self._mix_normals
+        extra_normals = 0
+        if self.exact:
+            # Full batch, automatic tuning: every sampler runs MALA (see ``exact``).
+            iteration, init = self._mala_parts(fns)
+            start_draw, mix_normals = (lambda state, rows: state), self._mala_mix_normals
+            extra_normals = 1  # the acceptance test's draw, as a standard normal
         hybrid = self.hybrid
         if hybrid is not None:
             ip = problem.model.initial_point()
@@ -565,7 +634,16 @@ class SGMCMCStep(BlockedStep):
             init = self._hybrid_init(fns, init)
 
         def finish(
-            state, position_sum, grad_sum, loss_fn, grad_norms, step_size, fixed, params, emit_key
+            state,
+            position_sum,
+            grad_sum,
+            loss_fn,
+            grad_norms,
+            step_size,
+            fixed,
+            params,
+            emit_key,
+            acceptance=None,
         ):
             """The end of a draw: variational EM's step, the loss, divergence, stats and the
             saved draw (:meth:`_emit`)."""
@@ -596,6 +674,7 @@ class SGMCMCStep(BlockedStep):
                 "grad_norm": jnp.mean(grad_norms),
                 "diverging": ~finite | exploded,
                 "first_nonfinite": jnp.where(jnp.all(grad_ok), thin, jnp.argmin(grad_ok)),
+                "acceptance_rate": jnp.nan if acceptance is None else jnp.mean(acceptance),
             }
             stats.update(self._draw_stats(state, fixed, params))
             emitted = self._emit(state, position_sum / thin, emit_key, fixed)
@@ -606,19 +685,64 @@ class SGMCMCStep(BlockedStep):
                 emitted = jnp.concatenate([emitted, local_draw.astype(emitted.dtype)])
             return state, emitted, stats
 
+        check_idx = jnp.asarray(self._check_indices())
+        dim = problem.dim
+        loglik_rows = fns["loglik_rows"]
+        prior_grad = jax.grad(fns["logprior"])
+
+        def batch_grad(position, fixed, batch):
+            return jax.grad(lambda th: jnp.sum(loglik_rows(th, fixed, batch)))(position)
+
+        def check_terms(state, emitted, fixed, data, params, key):
+            """``[θ_k, (A⁻¹∇log p(θ))_k]`` at the saved draw for the checked coordinates
+            (:mod:`pymc_sgmcmc.diagnostics`): the exact gradient for MALA; else a minibatch
+            estimate with an SVRG control variate at the centre (whose full-data gradient
+            ``check_grad`` was taken once after tuning), or with local variables the joint
+            density's gradient at the draw of the locals."""
+            theta = emitted[:dim]
+            if self.exact:
+                grad = state.grad
+            elif hybrid is not None:
+                if problem.row_local_names:
+                    return jnp.full((2 * check_idx.shape[0],), jnp.nan, dtype=theta.dtype)
+                with_z = hybrid.layout.insert(fixed, emitted[dim:])
+                batch = draw_minibatch(key, data, n, b, scheme)
+                grad = prior_grad(theta, with_z) + (n / b) * batch_grad(theta, with_z, batch)
+            else:
+                batch = draw_minibatch(key, data, n, b, scheme)
+                centre = params["check_centre"]
+                diff = batch_grad(theta, fixed, batch) - batch_grad(centre, fixed, batch)
+                grad = prior_grad(theta, fixed) + (n / b) * diff + params["check_grad"]
+            u = apply_preconditioner(params["check_cov"], grad)
+            return jnp.concatenate([theta[check_idx], u[check_idx]])
+
+        def full_grad(position, fixed, data):
+            # Σ_n ∇log p(x_n | θ) over every row once, in chunks of B laid-out rows.
+            starts, masks = full_data_chunks(n, b)
+
+            def chunk(total, xs):
+                start, mask = xs
+                rows = tuple(jax.lax.dynamic_slice_in_dim(a, start, b, axis=0) for a in data)
+                g = jax.grad(lambda th: jnp.sum(mask * loglik_rows(th, fixed, rows)))(position)
+                return total + g, None
+
+            total, _ = jax.lax.scan(chunk, jnp.zeros_like(position), (starts, masks))
+            return total
+
         def draw(key, state, data, fixed, params):
             # All of a draw's randomness in two vectorised calls before the scan: per-iteration
             # PRNG calls cost more than a small minibatch's gradient on CPU.
             key, key_rows, key_noise = jax.random.split(key, 3)
             indices = minibatch_indices(key_rows, n, b, scheme, (thin,))
             position = state.position
-            normals = jax.random.normal(key_noise, (thin, *position.shape), dtype=position.dtype)
-            normals = self._mix_normals(normals, params)
+            width = position.shape[0] + extra_normals
+            normals = jax.random.normal(key_noise, (thin, width), dtype=position.dtype)
+            normals = mix_normals(normals, params)
 
             # Row ids (in 0..N−1) of every iteration's minibatch and of the one after it.
             row_ids = jax.vmap(lambda r: minibatch_row_ids(r, n, b, scheme))(indices)
             next_row_ids = jnp.roll(row_ids, -1, axis=0)
-            state = self._start_draw(state, row_ids[0])
+            state = start_draw(state, row_ids[0])
             if hybrid is not None:
                 local = {
                     **state.local,
@@ -652,6 +776,10 @@ class SGMCMCStep(BlockedStep):
                 fixed,
                 params,
                 jax.random.fold_in(key_noise, 1),
+                getattr(infos, "acceptance", None),
+            )
+            stats["check_terms"] = check_terms(
+                state, emitted, fixed, data, params, jax.random.fold_in(key_noise, 3)
             )
             return key, state, emitted, stats
 
@@ -846,6 +974,7 @@ class SGMCMCStep(BlockedStep):
             "draw_chunk": jax.jit(draw_chunk),
             "finish": jax.jit(finish_streamed),
             "initial_loss": jax.jit(initial_loss),
+            "full_grad": None if (streaming or sharded) else jax.jit(full_grad),
             "init": jax.jit(init),
             "freeze": jax.jit(self._make_freeze(fns)) if hybrid is not None else None,
             "noise": jax.jit(noise, static_argnames=("full", "full_curvature")),
@@ -996,13 +1125,17 @@ class SGMCMCStep(BlockedStep):
             new_key, new_state, emitted, stats = self._run_draw(
                 key, state, fixed, params, draw_index
             )
+            check = stats.pop("check_terms", None)
             stats = {k: np.asarray(v).item() for k, v in stats.items()}
             if not stats["diverging"] or not self.tune or attempt == DIVERGENCE_RETRIES:
                 break
             # A tuning draw diverged (typically far from the mode, before the noise estimate
             # settles): redo it from the same state and randomness at a smaller step.
             self._shrink *= DIVERGENCE_SHRINK
-            self._retune()
+            if self.tuner is not None:
+                self._set_tuned(self.tuner.shrink(DIVERGENCE_SHRINK))
+            else:
+                self._retune()
         first_bad = int(stats.pop("first_nonfinite"))
         if stats["diverging"]:
             where = (
@@ -1041,6 +1174,7 @@ class SGMCMCStep(BlockedStep):
             )
             stats["diverging"] = True
             stats["sgmcmc_tuned"] = ""
+            stats["sgmcmc_check"] = None
             stats.update(self._extra_stats(state))
             stats["tune"] = False
             stats["data_passes"] = self._data_passes(int(state.iteration))
@@ -1048,7 +1182,12 @@ class SGMCMCStep(BlockedStep):
         key, state = new_key, new_state
         self.chain_state = (key, state)
         self._ref_loss = stats["minibatch_loss"]
+        self._after_draw(stats)
         stats["sgmcmc_tuned"] = ""
+        # The self-check's per-draw terms (pymc_sgmcmc.diagnostics), sampling draws only.
+        stats["sgmcmc_check"] = (
+            None if self.tune or check is None or self._check is None else np.asarray(check)
+        )
         if self.tune or first or not self.chain_settings[-1].get("tuned", False):
             # Tuned values change until the first draw after tuning; keep the latest.
             self.chain_settings[-1] = {**self.settings(), "tuned": not self.tune}
@@ -1095,6 +1234,9 @@ class SGMCMCStep(BlockedStep):
         dtype = self.problem.dtype
         params = self._params(iteration)
         params["ref_loss"] = np.asarray(self._ref_loss, dtype=dtype)
+        if not self.tune and self._check is None and self.chain_state is not None:
+            self._setup_check()
+        params.update(self._check_params())
         if self.hybrid is not None:
             adapting = self.tune or not self.freeze_locals
             rate = float(self.hybrid.learning_rate(iteration)) if adapting else 0.0
@@ -1273,17 +1415,289 @@ class SGMCMCStep(BlockedStep):
             return None
         return self.chain_state[1].local["params"]
 
+    # -- automatic tuning: measure, then the tuner (pymc_sgmcmc.tuning.tuner) -----------------
+    def _measure(self, state: Any, fixed: tuple, key: Any) -> Measurement:
+        """Curvature and gradient noise at the chain's position, from one block of rows: the
+        Hessian of the potential (dense, or its diagonal) and the covariance of the sampler's
+        gradient estimate in θ units (``(N²/B)·f·C``, ``f`` the minibatch scheme's factor: 0
+        with every row in every iteration)."""
+        position = state.position
+        dense = self.whitening_kind == "dense"
+        c, h = self._estimate_noise(position, fixed, key, full=dense, full_curvature=dense)
+        n, b = self.problem.data_size, self.batch_size
+        if self.hybrid is None:
+            scale = n**2 / b * noise_factor(n, b, self.minibatch)
+            fisher = n * c
+        else:
+            # The covariance of repeated ELBO gradients, in per-datum units (× B/N²).
+            scale, fisher = n**2 / b, None
+        stability = None
+        if not dense:
+            h = np.abs(h)
+            if self.whitening_kind == "scalar":
+                h = np.full_like(h, float(np.mean(h)))
+            stability = self._relative_stiffness(position, fixed, key, h)
+        noise = scale * c
+        idx = self._sampled_idx
+        if idx is not None:
+            # Variational EM: only the sampled coordinates are tuned (hyperparameters get zero
+            # rows of P and no noise; see ConstantSGD's hyper_vars).
+            self._hyper_curvature.update(np.diag(h) if h.ndim == 2 else h)
+            pick = (lambda m: m[np.ix_(idx, idx)]) if dense else (lambda m: m[idx])
+            h, noise = pick(h), pick(noise)
+            fisher = None if fisher is None else pick(fisher)
+        return Measurement(h, noise, fisher, stability)
+
+    def _relative_stiffness(self, position: Any, fixed: tuple, key: Any, diag: np.ndarray) -> float:
+        """``λmax(diag(A)⁻¹ H)`` on a block of rows (power iteration on the device): how much
+        stiffer the coupled curvature is than a diagonal whitening sees (it bounds the step)."""
+        compiled = self._compile()
+        key = compiled["fold_in"](key, 2)
+        precond = np.asarray(1.0 / np.maximum(diag, 1e-300), dtype=self.problem.dtype)
+        radius = float(
+            compiled["spectral_radius"](
+                key, position, fixed, self._tuning_data(key), precond, self._tuning_local()
+            )
+        )
+        return radius if np.isfinite(radius) and radius > 0 else 1.0
+
+    def _tune_draw(self, state: Any, fixed: tuple, key: Any) -> None:
+        """Before a draw: measure if the tuner asks for it and take its new tuning."""
+        tuner = self.tuner
+        if tuner is None or not tuner.wants_measurement(bool(self.tune)):
+            return
+        measurement = self._measure(state, fixed, key)
+        self._set_tuned(tuner.update(measurement, tuning=bool(self.tune)))
+
+    def _after_draw(self, stats: dict[str, Any]) -> None:
+        """After an accepted draw: count it, and adapt MALA's step to its acceptance."""
+        tuner = self.tuner
+        if tuner is None or not self.tune:
+            return
+        if self.exact and self._mala is not None and not tuner.searching:
+            self._mala.update(float(stats["acceptance_rate"]))
+            tuner.advance(True)
+            self._set_tuned(tuner.retune())
+            return
+        tuner.advance(True)
+
+    def _set_tuned(self, tuned: Tuned | None) -> None:
+        """Adopt a tuning: ``self.tuned`` and the tuned values subclasses read in
+        :meth:`_params` (``precond_value``: ``P``; ``inject_value``: ``R``, the factor of the
+        injected noise in θ units), embedded in the full dimension when some coordinates are
+        point-estimated."""
+        if tuned is None:
+            return
+        self.tuned = tuned
+        precond, factor = tuned.preconditioner, tuned.noise_factor
+        idx = self._sampled_idx
+        if idx is not None:
+            dim = self.problem.dim
+            if precond.ndim == 2:
+                p = np.zeros((dim, dim))
+                r = np.zeros((dim, dim))
+                p[np.ix_(idx, idx)] = precond
+                r[np.ix_(idx, idx)] = factor
+            else:
+                p, r = np.zeros(dim), np.zeros(dim)
+                p[idx], r[idx] = precond, factor
+            precond, factor = p, r
+        self.precond_value = precond
+        self.inject_value = factor
+
+    def _tuning_settings(self) -> dict[str, Any]:
+        """The tuned values for the attrs (JSON-ready)."""
+        tuned = self.tuned
+        if tuned is None:
+            return {}
+        report = {k: float(v) for k, v in tuned.report.items()}
+        out: dict[str, Any] = {
+            "whitening": self.whitening_kind,
+            "step_size": tuned.step_size,
+            "mala": bool(self.exact),
+            **report,
+        }
+        return out
+
+    # -- the self-check (pymc_sgmcmc.diagnostics) --------------------------------------------------
+    def _check_indices(self) -> np.ndarray:
+        return check_indices([info.size for info in self.problem.var_infos])
+
+    def _coordinate_names(self) -> list[str]:
+        names = []
+        for info in self.problem.var_infos:
+            if info.size == 1 and not info.shape:
+                names.append(info.name)
+            else:
+                names.extend(
+                    f"{info.name}[{','.join(map(str, idx))}]" for idx in np.ndindex(*info.shape)
+                )
+        return names
+
+    def _check_params(self) -> dict[str, np.ndarray]:
+        dtype, dim = self.problem.dtype, self.problem.dim
+        check = self._check
+        if check is None:
+            dense = self.whitening_kind == "dense"
+            zeros = np.zeros(dim, dtype=dtype)
+            return {
+                "check_centre": zeros,
+                "check_grad": zeros,
+                "check_cov": np.zeros((dim, dim) if dense else dim, dtype=dtype),
+            }
+        return {k: np.asarray(v, dtype=dtype) for k, v in check.items()}
+
+    def _setup_check(self) -> None:
+        """After tuning: the centre of the SVRG control variate (the chain's position) with its
+        full-data gradient, ``A⁻¹`` (from the tuning, else measured once here), and the
+        predicted sd ratios of the frozen tuning (:func:`pymc_sgmcmc.diagnostics.predicted_sd_ratio`)."""
+        compiled = self._compile()
+        key, state = self.chain_state
+        fixed = self._last_fixed
+        dim = self.problem.dim
+        centre = np.asarray(state.position, dtype=np.float64)[:dim]
+        tuned = self.tuned
+        if tuned is not None:
+            cov = tuned.whitening.covariance()
+        else:
+            dense = self.whitening_kind == "dense"
+            _, h = self._estimate_noise(state.position, fixed, key, full=dense, full_curvature=dense)
+            from pymc_sgmcmc.tuning.whitening import Whitening
+
+            cov = Whitening.from_curvature(h).covariance()
+        if self._sampled_idx is not None:
+            cov = np.zeros_like(cov)  # variational EM: hyperparameters are not sampled
+        grad = np.zeros(dim)
+        if compiled.get("full_grad") is not None and not self.exact and self.hybrid is None:
+            grad = np.asarray(compiled["full_grad"](centre, fixed, compiled["data"]))
+        self._check = {"check_centre": centre, "check_grad": grad, "check_cov": cov}
+        idx = self._check_indices()
+        names = self._coordinate_names()
+        diag = np.diag(cov) if np.ndim(cov) == 2 else np.asarray(cov)
+        report: dict[str, Any] = {
+            "check": {"names": [names[i] for i in idx], "cov_diag": diag[idx].tolist()}
+        }
+        measured = self.tuner.last_measurement if self.tuner is not None else None
+        if (
+            tuned is not None
+            and measured is not None
+            and tuned.whitening.dense
+            and not self.exact
+            and self._sampled_idx is None
+            and getattr(self, "momentum", None) is None
+            and (self.auto_step_size if hasattr(self, "auto_step_size") else True)
+        ):
+            window = self.window if isinstance(self, IASG) else None
+            try:
+                ratio = predicted_sd_ratio(
+                    tuned.step_size,
+                    tuned.rates.injected,
+                    tuned.whitening,
+                    measured.curvature,
+                    measured.noise,
+                    window=window,
+                )
+            except (np.linalg.LinAlgError, ValueError):
+                ratio = None
+            if ratio is not None and np.all(np.isfinite(ratio)):
+                report["predicted_sd_ratio"] = ratio[idx].tolist()
+        self._check_report = report
+
+    def _mala_parts(self, fns: dict[str, Callable]) -> tuple[Callable, Callable]:
+        """The MALA iteration and chain init (full batch, every row in every gradient)."""
+        import jax
+
+        from pymc_sgmcmc.kernels import mala
+
+        value_and_grad = fns["logdensity_and_grad"]
+        dim = self.problem.dim
+        n = self.problem.data_size
+        hybrid_fixed = None
+        del hybrid_fixed
+
+        def init(position, data, fixed):
+            rows = tuple(a[:n] for a in data)
+            return mala.init(position, lambda th: value_and_grad(th, fixed, rows))
+
+        def iteration(normal, state, batch, row_ids, next_row_ids, fixed, params):
+            log_u = jax.scipy.stats.norm.logcdf(normal[dim])
+            state, info = mala.step(
+                state,
+                lambda th: value_and_grad(th, fixed, batch),
+                normal[:dim],
+                log_u,
+                params["precond"],
+                params["inverse_precond"],
+                adjust=params["adjust"],
+                step_size=params["step_size"],
+            )
+            return state, info, state.grad
+
+        return iteration, init
+
+    def _mala_mix_normals(self, normals: Any, params: dict[str, Any]) -> Any:
+        """The proposals' noise ``R ξ`` (``R Rᵀ = 2P``) for a whole draw in one product; the
+        last column stays a standard normal (the acceptance test's draw)."""
+        import jax.numpy as jnp
+
+        dim = self.problem.dim
+        factor = params["noise"]
+        head = normals[:, :dim]
+        head = head @ factor.T if factor.ndim == 2 else head * factor
+        return jnp.concatenate([head, normals[:, dim:]], axis=1)
+
+    def _mala_params(self) -> dict[str, Any]:
+        """The compiled MALA draw's parameters from the tuning in force."""
+        dtype = self.problem.dtype
+        tuned = self.tuned
+        assert tuned is not None
+        h = tuned.step_size
+        whitening = tuned.whitening
+        searching = tuned.searching
+        inverse = whitening.precision() / h
+        noise = np.sqrt(2.0 * h) * whitening.factor()
+        if searching:
+            noise = np.zeros_like(noise)
+        return {
+            "precond": np.asarray(tuned.preconditioner, dtype=dtype),
+            "inverse_precond": np.asarray(inverse, dtype=dtype),
+            "noise": np.asarray(noise, dtype=dtype),
+            "adjust": np.asarray(0.0 if searching else 1.0, dtype=dtype),
+            "step_size": np.asarray(h, dtype=dtype),
+        }
+
+    def _make_tuner(self, search_draws: int) -> None:
+        """Set up automatic tuning with the sampler's rule (:meth:`_rates`); on a full batch
+        the chain runs MALA with an adapted step instead (see ``exact``)."""
+        self.exact = self.full_batch
+        if self.exact:
+            self._mala = StepSizeAdaptation(initial_mala_step(self.problem.dim))
+        self.tuner = Tuner(self._rule, search_draws, exact=self.exact)
+
+    def _rule(self, noise_z: np.ndarray, cap: float = 1.0, whitening: Any = None) -> Rates:
+        """The tuner's rule (a bound method, so that steps pickle for worker processes)."""
+        if self.exact:
+            assert self._mala is not None
+            h = self._mala.current * min(cap, 1.0)
+            return Rates(h, np.zeros_like(noise_z), 2.0 * h, 0.0, 1.0)
+        return self._rates(noise_z, cap, whitening)
+
+    def _rates(self, noise_z: np.ndarray, cap: float, whitening: Any) -> Rates:
+        """The sampler's step and injected noise in whitened coordinates
+        (:mod:`pymc_sgmcmc.tuning.rates`), ``cap`` the largest step stability allows."""
+        raise NotImplementedError
+
 
 class _PreconditionedSGD(SGMCMCStep):
-    """Shared tuning of the preconditioned constant-rate samplers (ConstantSGD, IASG).
+    """Shared parts of the preconditioned constant-rate samplers (ConstantSGD, IASG, SGFS).
 
-    Tuning draws run in two phases. *Search*: for the first ``search_draws`` draws, steps
-    ``P = (0.5/N) Ĉ⁻¹`` with ``Ĉ`` estimated afresh at each draw's position — IASG's
-    preconditioned rate, which contracts every direction by about half per iteration when
-    ``A ≈ C`` and so reaches the mode region within a pass or two. *Estimation*: the
-    per-datum noise covariance is averaged over doubling windows
-    (:class:`~pymc_sgmcmc.tuning.NoiseEstimate`) at the sampler's own rate, and the rate is
-    recomputed from it after every draw. ``stop_tuning`` freezes it.
+    The update is :math:`v \\leftarrow (1-\\mu)v + P\\nabla\\log\\hat p + \\xi,\\ \\theta
+    \\leftarrow \\theta + v` (``μ = 1`` without momentum) with :math:`P = hA^{-1}` and injected
+    noise :math:`\\xi \\sim \\mathcal N(0, RR^\\top)`, both tuned in whitened coordinates by
+    :class:`~pymc_sgmcmc.tuning.tuner.Tuner` (search for the mode, then measurements of the
+    curvature ``A`` and of the gradient noise at the chain's positions) with the sampler's
+    rule (:meth:`_rates`). With ``batch_size ≥ N`` the chain runs MALA instead
+    (:mod:`pymc_sgmcmc.kernels.mala`).
     """
 
     name = "preconditioned_sgd"
@@ -1298,26 +1712,24 @@ class _PreconditionedSGD(SGMCMCStep):
     ) -> None:
         super().__init__(vars, **kwargs)
         if preconditioner == "auto":
-            preconditioner = "full" if self.problem.dim <= FULL_MAX_DIM else "diagonal"
+            preconditioner = "full" if self.problem.dim <= DENSE_MAX_DIM else "diagonal"
         if preconditioner not in ("scalar", "diagonal", "full"):
             raise ValueError(
                 f"preconditioner must be 'auto', 'scalar', 'diagonal' or 'full', got {preconditioner!r}."
             )
         self.preconditioner: PreconditionerKind = preconditioner  # type: ignore[assignment]
+        self.whitening_kind = {"full": "dense", "diagonal": "diagonal", "scalar": "scalar"}[
+            preconditioner
+        ]
         if int(search_draws) != search_draws or search_draws < 0:
             raise ValueError(f"search_draws must be a non-negative integer, got {search_draws!r}.")
         self.search_draws = int(search_draws)
-        self._noise = NoiseEstimate()
-        self._curvature = NoiseEstimate()
-        self._tune_calls = 0
-        self._in_search = False
-        self._last_noise: tuple[np.ndarray, np.ndarray] | None = None
+        self._hyper_curvature = NoiseEstimate()
         self.precond_value: np.ndarray = np.asarray(np.nan)
         dim = self.problem.dim
         self.inject_value: np.ndarray = np.zeros(
             (dim, dim) if self.preconditioner == "full" else dim
         )
-        self._sampled_idx: np.ndarray | None = None  # set when some coordinates are hyper
 
     def _kernel(self):
         from pymc_sgmcmc.kernels import sgd
@@ -1325,7 +1737,7 @@ class _PreconditionedSGD(SGMCMCStep):
         momentum = self._momentum()
 
         def step(normal, state, grad_fn, params):
-            # ``normal`` is already the injected noise e (_mix_normals).
+            # ``normal`` is already the injected noise R ξ (_mix_normals).
             state, info = sgd.step(
                 None,
                 state,
@@ -1333,16 +1745,15 @@ class _PreconditionedSGD(SGMCMCStep):
                 1.0,
                 preconditioner=params["precond"],
                 momentum=momentum,
-                injected_noise=normal,
+                position_noise=normal,
             )
             return state, info._replace(step_size=params["step_size"])
 
         return sgd.init, step
 
     def _mix_normals(self, normals, params):
-        # The injected noise e = L z of every iteration of the draw at once: with a dense L one
-        # (iterations, D) x (D, D) product instead of a matrix-vector product per iteration
-        # (one of the iteration's four products with the full preconditioner).
+        # The injected noise R ξ of every iteration of the draw at once: with a dense R one
+        # (iterations, D) x (D, D) product instead of a matrix-vector product per iteration.
         inject = params["inject"]
         return normals @ inject.T if inject.ndim == 2 else normals * inject
 
@@ -1352,166 +1763,50 @@ class _PreconditionedSGD(SGMCMCStep):
     def _hyper_schedule(self) -> Schedule | None:
         return None
 
-    def _sampling_preconditioner(self, noise: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
-
-    def _raise_noise(self, lifted: np.ndarray, lift: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Hook: raise the (lifted) per-datum noise ``C'`` further, returning ``(C'', lift'')``
-        with ``lift''`` the total ``(D,)`` diagonal increase over the measured ``C``. The
-        increase is injected as gradient noise while sampling (SGFS's ``h_max`` rule)."""
-        return lifted, lift
-
-    _compensate_cap = False
-    """Whether a stability cap on ``P`` is made up for by injected noise (constant SGD's
-    stationary covariance scales with ``P``; IASG's window mean does not depend on it)."""
-
-    def _tuned(
-        self,
-        rule: Callable[[np.ndarray], np.ndarray],
-        noise: np.ndarray,
-        curvature: np.ndarray,
-        position: Any,
-        fixed: tuple,
-        key: Any,
-        sampling: bool,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``(P, injected-noise scale)`` from a rule ``C -> P`` (Theorem 1/2, Cor. 3, IASG).
-
-        1. ``C`` is lifted to the curvature where the data do not inform it
-           (:func:`pymc_sgmcmc.tuning.lift_noise`) — not for the scalar rule, whose theory
-           (Theorem 1 and its OU prediction) uses ``C`` as it is.
-        2. ``P`` is computed on the sampled coordinates (hyperparameters of variational EM get
-           zero rows) and scaled by ``s ≤ 1`` for stability (:meth:`_stability_scale`).
-        3. While sampling, Gaussian noise is added to the gradient with the N-scale covariance
-           ``E = (N²/B)·(diag(lift) + (1/s − 1)·C')`` (the second term only for constant
-           SGD): the chain then moves as if its gradient noise were ``C'/s``, for which
-           ``s·P`` is again the KL-optimal rate and the stationary covariance is unchanged —
-           Mandt et al.'s SGFS device (§5.2) of trading step size for injected noise.
-
-        The noise scale is a ``(D,)`` vector of sds, or a ``(D, D)`` square root of ``E`` for
-        the full preconditioner.
-        """
-        dim = self.problem.dim
-        n, b = self.problem.data_size, self.batch_size
-        full = self.preconditioner == "full"
-        if self.preconditioner == "scalar":
-            lifted, lift = noise, np.zeros(dim)
-        else:
-            lifted, lift = lift_noise(noise, curvature, n)
-        lifted, lift = self._raise_noise(lifted, lift)
-        idx = self._sampled_idx if self._sampled_idx is not None else np.arange(dim)
-        sub = lifted[np.ix_(idx, idx)] if lifted.ndim == 2 else lifted[idx]
-        p_sub = np.asarray(rule(sub))
-        if p_sub.ndim == 0 and self._sampled_idx is None:
-            precond = p_sub
-        elif p_sub.ndim == 2:
-            precond = np.zeros((dim, dim))
-            precond[np.ix_(idx, idx)] = p_sub
-        else:
-            precond = np.zeros(dim)
-            precond[idx] = p_sub
-        self._last_tuned_args = (rule, noise, curvature, position, fixed, key, sampling)
-        # A diverged tuning draw halves _shrink (see SGMCMCStep.step): it scales P like the
-        # stability cap, so constant SGD makes it up with injected noise in the same way.
-        scale = self._stability_scale(precond, position, fixed, key) * self._shrink
-        precond = precond * scale
-        extra = np.diag(lift) if full else lift.copy()
-        if self._compensate_cap and self.preconditioner != "scalar":
-            extra = extra + (1.0 / scale - 1.0) * lifted
-        if not sampling or self.preconditioner == "scalar":
-            extra = np.zeros_like(extra)
-        mask = np.zeros(dim, dtype=bool)
-        mask[idx] = True
-        extra = extra * (np.outer(mask, mask) if full else mask)
-        extra = n**2 / b * extra
-        if full:
-            w, v = np.linalg.eigh(0.5 * (extra + extra.T))
-            return precond, (v * np.sqrt(np.maximum(w, 0.0))) @ v.T
-        return precond, np.sqrt(np.maximum(extra, 0.0))
-
     def _reset_tuning(self) -> None:
-        self._noise.reset()
-        self._curvature.reset()
-        self._tune_calls = 0
-        self._in_search = False
-        self._last_noise = None
-        self._last_tuned_args = None
+        self._hyper_curvature.reset()
 
     def _retune(self) -> None:
-        if getattr(self, "_last_tuned_args", None) is not None:
-            self.precond_value, self.inject_value = self._tuned(*self._last_tuned_args)
-
-    def _tune_draw(self, state, fixed, key) -> None:
-        position = state.position
-        full = self.preconditioner == "full"
-        noise, curvature = self._estimate_noise(position, fixed, key, full=full)
-        self._last_noise = (noise, curvature)
-        self._in_search = bool(self.tune) and self._tune_calls < self.search_draws
-        self._tune_calls += 1
-        if self._in_search:
-            self.precond_value, self.inject_value = self._tuned(
-                lambda c: iasg_preconditioner(c, self.preconditioner, self.problem.data_size, 0.5),
-                noise,
-                curvature,
-                position,
-                fixed,
-                key,
-                sampling=False,
-            )
-            return
-        averaged = self._curvature.update(curvature)
-        if self._sampled_idx is not None:
-            # With hyperparameters moving, the prior's curvature changes from draw to draw: an
-            # average over past draws lags behind and under-injects noise, which would shrink
-            # the samples and push a precision hyperparameter further up.
-            averaged = np.array(curvature, dtype=np.float64)
-        self.precond_value, self.inject_value = self._tuned(
-            self._sampling_preconditioner,
-            self._noise.update(noise),
-            averaged,
-            position,
-            fixed,
-            key,
-            sampling=True,
-        )
+        pass  # a fixed rate: _params applies the divergence factor
 
     def stop_tuning(self) -> None:
         super().stop_tuning()
-        if self._in_search and self._last_noise is not None and self.chain_state is not None:
-            # Tuning ended inside the search phase: switch to the sampling rate.
-            self._in_search = False
-            self._tune_calls = self.search_draws
-            self._tune_draw(self.chain_state[1], self._last_fixed, self.chain_state[0])
-            self.tune = False
+        if self.tuner is not None and self.chain_state is not None:
+            if self._mala is not None:
+                self._mala.final()
+            self._set_tuned(self.tuner.final())
 
     def _params(self, iteration: int) -> dict[str, Any]:
-        precond = np.asarray(self.precond_value, dtype=self.problem.dtype)
-        if not getattr(self, "auto_step_size", True):
+        if self.exact:
+            return self._mala_params()
+        dtype = self.problem.dtype
+        precond = np.asarray(self.precond_value, dtype=dtype)
+        if self.tuner is None:
             precond = precond * self._shrink  # a fixed rate, halved by diverged tuning draws
+        step = self.tuned.step_size if self.tuned is not None else _scale_of(precond)
         params = {
             "precond": precond,
-            "step_size": _scale_of(precond),
-            "inject": np.asarray(self.inject_value, dtype=self.problem.dtype),
+            "step_size": np.asarray(step, dtype=dtype),
+            "inject": np.asarray(self.inject_value, dtype=dtype),
         }
         if self._sampled_idx is not None:
-            mask = np.ones(self.problem.dim, dtype=self.problem.dtype)
+            mask = np.ones(self.problem.dim, dtype=dtype)
             mask[self._sampled_idx] = 0.0
             params["hyper_mask"] = mask
             # Off while searching for the mode (the iterates are then optimised, not sampled,
             # and their spread says nothing about the posterior) and after tuning (frozen).
             # Robbins–Monro steps in Newton units: ρ_k g / h with h the potential's curvature
-            # along each hyper coordinate (from the tuning estimate), so ρ_k ≤ 1 is a damped
-            # EM fixed-point step whatever the hyperparameter's scale; k counts draws.
-            on = self.tune and not self._in_search
+            # along each hyper coordinate (from the tuning measurements), so ρ_k ≤ 1 is a
+            # damped EM fixed-point step whatever the hyperparameter's scale; k counts draws.
+            searching = self.tuned is None or self.tuned.searching
+            on = self.tune and not searching
             schedule = self._hyper_schedule()
             rate = float(schedule(iteration // self.thin)) if on and schedule else 0.0
-            # The curvature averaged over draws: the current draw's (which the noise injection
-            # uses) scales with the sampled spread, and dividing by it biased λ upwards.
-            curvature = self._curvature.value
+            curvature = self._hyper_curvature.value
             scale = np.ones(self.problem.dim)
             if curvature is not None:
                 scale = 1.0 / np.maximum(np.abs(curvature), 1e-8)
-            params["hyper_step"] = np.asarray(rate * scale * mask, dtype=self.problem.dtype)
+            params["hyper_step"] = np.asarray(rate * scale * mask, dtype=dtype)
         return params
 
     def settings(self) -> dict[str, Any]:
@@ -1519,6 +1814,7 @@ class _PreconditionedSGD(SGMCMCStep):
             **super().settings(),
             "preconditioner": self.preconditioner,
             "search_draws": self.search_draws,
+            **self._tuning_settings(),
             **_preconditioner_summary(self.precond_value),
         }
 
@@ -1625,7 +1921,6 @@ class ConstantSGD(_PreconditionedSGD):
     """
 
     name = "constant_sgd"
-    _compensate_cap = True
 
     def __init__(
         self,
@@ -1661,6 +1956,11 @@ class ConstantSGD(_PreconditionedSGD):
             if not self.auto_step_size:
                 raise ValueError("hyper_vars (variational EM) needs step_size='auto'.")
             self._setup_hyper(hyper_vars, hyper_rate)
+        if self.auto_step_size:
+            if self._sampled_idx is not None:
+                # Variational EM moves the hyperparameters between draws: no MALA.
+                self.full_batch = False
+            self._make_tuner(self.search_draws)
 
     def _setup_hyper(self, hyper_vars: Sequence[Any], hyper_rate: Any) -> None:
         model = self.problem.model
@@ -1722,26 +2022,16 @@ class ConstantSGD(_PreconditionedSGD):
     def _momentum(self) -> float | None:
         return self.momentum
 
-    def _tune_draw(self, state, fixed, key) -> None:
-        if self.auto_step_size:
-            super()._tune_draw(state, fixed, key)
-
-    # The full rate solves the discrete-time Lyapunov equation, not only its OU limit (SGFS,
-    # whose injected noise breaks the isotropy this relies on, keeps Theorem 5's rate).
-    _discrete_time_rate = True
-
-    def _sampling_preconditioner(self, noise: np.ndarray) -> np.ndarray:
-        p_star = kl_optimal_preconditioner(
-            noise, self.preconditioner, self.problem.data_size, self.batch_size
+    def _rates(self, noise_z: np.ndarray, cap: float, whitening: Any) -> Rates:
+        # All the noise the minibatch can give (share 1): the largest step whose gradient
+        # noise fits the budget, the rest injected (pymc_sgmcmc.tuning.rates).
+        return langevin_rule(
+            noise_z,
+            noise_share=1.0,
+            step_cap=min(cap, CONSTANT_SGD_STEP_CAP),
+            temperature=self.temperature,
+            momentum=self.momentum,
         )
-        p = p_star * self.temperature * (self.momentum or 1.0)
-        if self._discrete_time_rate and self.preconditioner == "full" and self.momentum is None:
-            # Theorem 2's rate is for the continuous-time (OU) limit. The discrete Lyapunov
-            # equation Σ = (I - PA)Σ(I - PA)ᵀ + P M Pᵀ with Σ = T A⁻¹, M = N²C/B and A = NC
-            # (Fisher) is solved by P = 2T (M + T A)⁻¹ = Theorem 2's rate × N/(N + TB).
-            n, tb = self.problem.data_size, self.temperature * self.batch_size
-            p = p * n / (n + tb)
-        return p
 
     def settings(self) -> dict[str, Any]:
         return {
@@ -1831,33 +2121,29 @@ class IASG(_PreconditionedSGD):
             kwargs["thin"] = window
         super().__init__(vars, **kwargs)
         target = self.problem.data_size / (self.batch_size * self.temperature)
-        # Below 2/(T + 1) even single iterates, of variance ε/(2 - ε) in 1/(Bc) units, are
-        # narrower than the (tempered) posterior's T units; binds for T < 3 only.
-        min_rate = 2.0 / (target + 1.0)
         if learning_rate == "auto":
-            # Relaxation times per window: every direction relaxes at rate ε under the full
-            # Ĉ⁻¹; under a diagonal or scalar one the correlated directions are slower.
+            # Relaxation times per window: every direction relaxes at rate ε in whitened
+            # coordinates; under a diagonal or scalar whitening the correlated directions are
+            # slower.
             relaxations = 3.0 if self.preconditioner == "full" else 10.0
-            learning_rate = max(min(0.5, relaxations / max(target, 1.0)), min_rate)
+            learning_rate = min(0.5, relaxations / max(target, 1.0))
         if not (0.0 < float(learning_rate) < 2.0):
             raise ValueError(f"learning_rate must be 'auto' or in (0, 2), got {learning_rate!r}.")
         self.learning_rate = float(learning_rate)
-        if self.learning_rate < min_rate:
-            warnings.warn(
-                f"IASG: learning_rate={self.learning_rate:g} is below 2/(T + 1) = {min_rate:.3g}"
-                " (T = N/(B·temperature)): even single iterates are narrower than the posterior,"
-                " so the draws' variances will be too small. Use learning_rate='auto'.",
-                UserWarning,
-                stacklevel=2,
-            )
-        if window is None and kwargs.get("thin") is None:
+        if window is None and kwargs.get("thin") is None and not self.full_batch:
             self.thin = max(1, iasg_window(target, self.learning_rate))
         self.window = self.thin
         self._warned = False
+        self._make_tuner(self.search_draws)
 
-    def _sampling_preconditioner(self, noise: np.ndarray) -> np.ndarray:
-        return iasg_preconditioner(
-            noise, self.preconditioner, self.problem.data_size, self.learning_rate
+    def _rates(self, noise_z: np.ndarray, cap: float, whitening: Any) -> Rates:
+        # The window's mean has the posterior's variance when each iterate gets T h² W_eff of
+        # noise; the minibatch gives h² S of it, the rest is injected (tuning.rates).
+        return iasg_rule(
+            noise_z,
+            step_size=min(self.learning_rate, cap),
+            window=self.window,
+            temperature=self.temperature,
         )
 
     def stop_tuning(self) -> None:
@@ -1924,51 +2210,52 @@ class IASG(_PreconditionedSGD):
         return smallest
 
     def _emit(self, state: Any, mean_position: Any, key: Any, fixed: tuple) -> Any:
-        return mean_position
+        # Full batch: a MALA chain's position (its iterates are draws; their mean is not).
+        return state.position if self.exact else mean_position
 
     def settings(self) -> dict[str, Any]:
         return {**super().settings(), "learning_rate": self.learning_rate, "window": self.window}
 
 
 class SGLD(SGMCMCStep):
-    r"""Stochastic-gradient Langevin dynamics (Welling & Teh 2011), optionally pSGLD.
+    r"""Stochastic-gradient Langevin dynamics (Welling & Teh 2011), preconditioned by the
+    measured curvature; optionally pSGLD.
 
     .. math::
 
-        \theta \leftarrow \theta + \frac{\epsilon_t}{2} G\, \nabla\log\hat p(\theta)
-        + \mathcal N(0, \epsilon_t T G)
+        \theta \leftarrow \theta + \frac{\epsilon_t}{2} G\, \nabla\log\hat p(\theta) + \xi,
+        \qquad \xi \sim \mathcal N(0, \epsilon_t T G - \tfrac{\epsilon_t^2}{4} G S G)
 
-    with :math:`G = I`, the inverse Hessian of the potential (``preconditioner="diagonal"`` or
-    ``"full"``: estimated at the chain's position during tuning, averaged, frozen with the
-    step) or, for ``preconditioner="rmsprop"``, Li et al.'s diagonal RMSprop preconditioner.
-    See :mod:`pymc_sgmcmc.kernels.sgld`.
+    with :math:`G = A^{-1}` the inverse of the potential's curvature measured while tuning
+    (the whitening of :mod:`pymc_sgmcmc.tuning.whitening`: every direction then has curvature
+    about 1 whatever the units) and ``S`` the measured covariance of the minibatch gradient:
+    the injected noise is what the target needs less what the minibatch already gives
+    (:mod:`pymc_sgmcmc.tuning.rates`), so the stationary covariance is the posterior's also
+    where the data do not inform a direction or the batch is the whole data set. With
+    ``batch_size ≥ N`` (the default up to 4096 rows) the chain is Metropolis-adjusted (MALA,
+    :mod:`pymc_sgmcmc.kernels.mala`) and exact.
 
-    Why precondition by the curvature. Plain SGLD's automatic step is limited by the
-    stiffest direction, so a direction κ times flatter relaxes in about ``κ/ε`` iterations:
-    on the stochastic-volatility example (σ and ν), ν's ESS was 6 in 5 000 iterations. With
-    ``G ≈ A⁻¹`` every direction has curvature about 1 and the automatic step is limited by
-    the gradient noise alone (:func:`pymc_sgmcmc.tuning.preconditioned_sgld_step_size`).
-    ``"full"`` takes ``D`` Hessian-vector products per tuning draw (for up to a few hundred
-    dimensions); ``"diagonal"`` is exact up to 64 dimensions and Hutchinson's estimate above.
+    Automatic step. The largest :math:`\epsilon = 2h` (whitened units) whose minibatch noise is
+    at most a share ``5·target_bias`` (default a quarter) of the noise the step needs, and
+    ``h ≤ 0.25``: a misestimated gradient noise then moves the variances by at most
+    ``target_bias`` per 20% of error. It relaxes in about ``2N/B`` iterations (two passes);
+    ConstantSGD uses all the noise the minibatch can give and mixes four times faster, at the
+    price of trusting the noise estimate.
 
     Parameters
     ----------
     step_size
-        ``"auto"`` (default): during tuning, the per-datum gradient variance is estimated at
-        the chain's position and the largest constant step whose stationary variance
-        inflation is ``target_bias`` is used, then frozen
-        (:func:`pymc_sgmcmc.tuning.sgld_step_size`). A float is a constant step; a schedule
-        such as ``pmsg.schedules.polynomial_decay(a, b, gamma)`` (:math:`a (b+t)^{-\gamma}`)
-        decreases with the iteration count.
+        ``"auto"`` (default), a float ε, or a schedule such as
+        ``pmsg.schedules.polynomial_decay(a, b, gamma)`` (:math:`a (b+t)^{-\gamma}`). A
+        user's step is classic SGLD: noise ``N(0, ε T G)``, nothing subtracted.
     preconditioner
-        ``None``, ``"diagonal"``, ``"full"`` (the potential's inverse Hessian) or
-        ``"rmsprop"`` (pSGLD).
+        ``"auto"`` (default: the dense whitening up to 500 dimensions, diagonal above),
+        ``"full"``, ``"diagonal"``, ``None`` (``G = I``: not invariant to the units of the
+        parameters) or ``"rmsprop"`` (pSGLD, Li et al. 2016).
     target_bias
-        Relative variance inflation allowed by the automatic step size (default 0.05, i.e.
-        posterior sds about 2.5% too wide from the constant step).
+        See "Automatic step" (default 0.05).
     search_draws
-        With ``step_size="auto"``, the first tuning draws use ``ε = 1/ρ(H)`` (ρ the largest
-        Hessian eigenvalue, by power iteration) to reach the mode quickly (default 5).
+        Tuning draws spent reaching the mode (default 5).
     **kwargs
         See :class:`SGMCMCStep`.
 
@@ -1988,45 +2275,66 @@ class SGLD(SGMCMCStep):
         vars: Sequence[Any] | None = None,
         *,
         step_size: float | Schedule | str = "auto",
-        preconditioner: str | None = None,
+        preconditioner: str | None = "auto",
         target_bias: float = 0.05,
         search_draws: int = 5,
         **kwargs: Any,
     ) -> None:
         super().__init__(vars, **kwargs)
-        if preconditioner not in (None, "rmsprop", "diagonal", "full"):
+        if preconditioner not in (None, "auto", "rmsprop", "diagonal", "full"):
             raise ValueError(
-                "SGLD preconditioner must be None, 'diagonal', 'full' or 'rmsprop', got "
+                "SGLD preconditioner must be 'auto', 'full', 'diagonal', None or 'rmsprop', got "
                 f"{preconditioner!r}."
             )
-        if preconditioner == "full" and self.problem.dim > FULL_MAX_DIM:
+        if preconditioner == "full" and self.problem.dim > DENSE_MAX_DIM:
             raise ValueError(
                 f"preconditioner='full' needs the {self.problem.dim}x{self.problem.dim} Hessian "
-                f"({self.problem.dim} Hessian-vector products per tuning draw); above "
-                f"{FULL_MAX_DIM} dimensions use preconditioner='diagonal'."
+                f"({self.problem.dim} Hessian-vector products per measurement); above "
+                f"{DENSE_MAX_DIM} dimensions use preconditioner='diagonal'."
             )
+        if preconditioner == "auto":
+            preconditioner = "full" if self.problem.dim <= DENSE_MAX_DIM else "diagonal"
         self.preconditioner = preconditioner
         self.precond_value: np.ndarray | None = None
+        self.inject_value: np.ndarray | None = None
         if not (0 < target_bias < 1):
             raise ValueError(f"target_bias must be in (0, 1), got {target_bias!r}.")
         self.target_bias = float(target_bias)
         self.auto_step_size = step_size == "auto"
         self.schedule: Schedule | None = None if self.auto_step_size else as_schedule(step_size)
         self.step_size_value = float("nan")
-        self._noise = NoiseEstimate()
-        self._curvature = NoiseEstimate()
         if int(search_draws) != search_draws or search_draws < 0:
             raise ValueError(f"search_draws must be a non-negative integer, got {search_draws!r}.")
         self.search_draws = int(search_draws)
+        self.whitening_kind = {
+            "full": "dense",
+            "diagonal": "diagonal",
+            None: "scalar",
+            "rmsprop": "diagonal",
+        }[preconditioner]
+        self._noise = NoiseEstimate()  # pSGLD's automatic step only
+        self._curvature = NoiseEstimate()
         self._tune_calls = 0
+        if self.preconditioner == "rmsprop" or not self._whitened:
+            return  # pSGLD, or a user's step without a preconditioner: classic, untuned
+        if not self.auto_step_size:
+            self.full_batch = False  # a user's step is unadjusted Langevin
+        self._make_tuner(self.search_draws if self.auto_step_size else 0)
+
+    @property
+    def _whitened(self) -> bool:
+        """Whether the chain moves in the measured whitening (``G = A⁻¹``)."""
+        return self.preconditioner in ("full", "diagonal") or (
+            self.preconditioner is None and self.auto_step_size
+        )
 
     def _kernel(self):
         from pymc_sgmcmc.kernels import sgld
 
         rmsprop = self.preconditioner == "rmsprop"
-        curvature = self.preconditioner in ("diagonal", "full")
         temperature = self.temperature
         schedule = self.schedule
+        preconditioned = self.tuner is not None
 
         def step(normal, state, grad_fn, params):
             eps = params["step_size"]
@@ -2040,11 +2348,28 @@ class SGLD(SGMCMCStep):
                 temperature=temperature,
                 rmsprop=rmsprop,
                 normal=normal,
-                preconditioner=params["precond"] if curvature else None,
-                preconditioner_sqrt=params["precond_sqrt"] if curvature else None,
+                preconditioner=params["precond"] if preconditioned else None,
+                preconditioner_sqrt=params["precond_sqrt"] if preconditioned else None,
             )
 
         return sgld.init, step
+
+    def _rates(self, noise_z: np.ndarray, cap: float, whitening: Any) -> Rates:
+        if not self.auto_step_size:
+            # A user's ε: classic SGLD in the whitened coordinates (P = ε/2 A⁻¹, noise ε T A⁻¹;
+            # a schedule scales both in the kernel).
+            eps = float(self.schedule(0)) if self.schedule is not None else 1.0
+            h = 0.5 * eps
+            injected = self.temperature * eps * np.ones_like(noise_z)
+            if noise_z.ndim == 2:
+                injected = self.temperature * eps * np.eye(noise_z.shape[0])
+            return Rates(h, injected, self.temperature * eps, 0.0, 1.0)
+        return langevin_rule(
+            noise_z,
+            noise_share=min(1.0, 5.0 * self.target_bias),
+            step_cap=min(cap, LANGEVIN_STEP_CAP),
+            temperature=self.temperature,
+        )
 
     def _reset_tuning(self) -> None:
         self._noise.reset()
@@ -2052,102 +2377,81 @@ class SGLD(SGMCMCStep):
         self._tune_calls = 0
         if self.auto_step_size:
             self.step_size_value = float("nan")
-        self.precond_value = None
+        if self.tuner is not None:
+            self.precond_value = None
 
     def _tune_draw(self, state, fixed, key) -> None:
-        curvature_precond = self.preconditioner in ("diagonal", "full")
-        if not self.auto_step_size and not curvature_precond:
+        if self.tuner is not None:
+            super()._tune_draw(state, fixed, key)
+            if self.tuned is not None:
+                self.step_size_value = 2.0 * self.tuned.step_size
             return
-        position = state.position
-        full = self.preconditioner == "full"
-        searching = self.auto_step_size and bool(self.tune) and self._tune_calls < self.search_draws
+        if self.preconditioner != "rmsprop" or not self.auto_step_size:
+            return
+        # pSGLD's automatic step (not whitened): the largest constant step whose stationary
+        # variance inflation under the RMSprop preconditioner is target_bias.
+        noise, curvature = self._estimate_noise(state.position, fixed, key)
         self._tune_calls += 1
-        if searching and not curvature_precond:
-            # Reach the mode first: the step at a far-away point, sized for a small variance
-            # bias there, would be tiny. ε = 1/ρ(H) is half SGLD's stability limit.
-            compiled = self._compile()
-            key3 = compiled["fold_in"](key, 3)
-            radius = float(
-                compiled["spectral_radius"](
-                    key3,
-                    position,
-                    fixed,
-                    self._tuning_data(key3),
-                    np.asarray(1.0, dtype=self.problem.dtype),
-                    self._tuning_local(),
-                )
-            )
-            if np.isfinite(radius) and radius > 0:
-                self.step_size_value = 1.0 / radius
-                return
-        noise, curvature = self._estimate_noise(
-            position, fixed, key, full=full, full_curvature=full
-        )
-        if searching:
-            # Preconditioned by the curvature here: G = H⁻¹ makes ρ(GH) = 1, so the search
-            # step is ε = 1 (a damped Newton step with Langevin noise).
-            self.precond_value = curvature_preconditioner(curvature)
-            self.step_size_value = 1.0
-            return
         c = self._noise.update(noise)
         h = self._curvature.update(curvature)
-        if curvature_precond:
-            self.precond_value = curvature_preconditioner(h)
-        if self.auto_step_size:
-            self.step_size_value = self._auto_step_size(c, h)
-
-    def _auto_step_size(self, noise: np.ndarray, curvature: np.ndarray) -> float:
-        """The automatic constant step from the averaged noise and curvature estimates."""
-        if self.preconditioner in ("diagonal", "full"):
-            return preconditioned_sgld_step_size(
-                noise,
-                curvature,
-                self.precond_value,
-                self.problem.data_size,
-                self.batch_size,
-                target_bias=self.target_bias,
-            )
-        return sgld_step_size(
-            noise,
+        self.step_size_value = sgld_step_size(
+            c,
             self.problem.data_size,
             self.batch_size,
-            rmsprop=self.preconditioner == "rmsprop",
+            rmsprop=True,
             target_bias=self.target_bias,
-            curvature=curvature,
+            curvature=h,
         )
 
     def stop_tuning(self) -> None:
-        searching = self._tune_calls <= self.search_draws and self.auto_step_size
         super().stop_tuning()
-        if searching and self.chain_state is not None:
-            # Tuning ended inside the search phase: size the step for sampling now.
-            self._tune_calls = self.search_draws
-            self._tune_draw(self.chain_state[1], self._last_fixed, self.chain_state[0])
+        if self.tuner is not None and self.chain_state is not None:
+            if self._mala is not None:
+                self._mala.final()
+            self._set_tuned(self.tuner.final())
+            if self.tuned is not None:
+                self.step_size_value = 2.0 * self.tuned.step_size
 
     def _params(self, iteration: int) -> dict[str, Any]:
+        if self.exact:
+            return self._mala_params()
         dtype = self.problem.dtype
-        params = {
-            "step_size": np.asarray(self.step_size_value * self._shrink, dtype=dtype),
+        if self.tuner is None:
+            step = self.step_size_value if self.auto_step_size else float("nan")
+            if self.schedule is not None and not self.auto_step_size:
+                step = float(self.schedule(iteration)) if self.schedule is not None else step
+            return {
+                "step_size": np.asarray(
+                    (self.step_size_value if self.auto_step_size else step) * self._shrink,
+                    dtype=dtype,
+                ),
+                "shrink": np.asarray(self._shrink, dtype=dtype),
+            }
+        tuned = self.tuned
+        assert tuned is not None
+        whitening = tuned.whitening
+        if self.auto_step_size:
+            # ε = 2h, G = A⁻¹ and √(εT)·S = R: the kernel's noise is the tuned injection.
+            eps = 2.0 * tuned.step_size
+            root = np.asarray(tuned.noise_factor) / np.sqrt(eps * self.temperature)
+        else:
+            eps = float(self.schedule(0)) * self._shrink if self.schedule is not None else 1.0
+            root = whitening.factor()
+        return {
+            "step_size": np.asarray(eps, dtype=dtype),
             "shrink": np.asarray(self._shrink, dtype=dtype),
+            "precond": np.asarray(whitening.covariance(), dtype=dtype),
+            "precond_sqrt": np.asarray(root, dtype=dtype),
         }
-        if self.preconditioner in ("diagonal", "full"):
-            precond = np.asarray(self.precond_value, dtype=np.float64)
-            if precond.ndim == 2:
-                w, v = np.linalg.eigh(0.5 * (precond + precond.T))
-                root = (v * np.sqrt(np.maximum(w, 0.0))) @ v.T
-            else:
-                root = np.sqrt(precond)
-            params["precond"] = precond.astype(dtype)
-            params["precond_sqrt"] = root.astype(dtype)
-        return params
 
     def settings(self) -> dict[str, Any]:
         return {
             **super().settings(),
             "step_size": self.step_size_value if self.schedule is None else repr(self.schedule),
-            "step_size_rule": "auto_bias" if self.auto_step_size else "user",
+            "step_size_rule": "auto_noise_share" if self.auto_step_size else "user",
             "target_bias": self.target_bias,
             "preconditioner": self.preconditioner,
+            **self._tuning_settings(),
             **(
                 _preconditioner_summary(self.precond_value)
                 if self.precond_value is not None

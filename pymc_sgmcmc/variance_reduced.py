@@ -19,35 +19,89 @@ from typing import Any
 
 import numpy as np
 
-from pymc_sgmcmc.minibatch import full_data_chunks
+from pymc_sgmcmc.minibatch import full_data_chunks, noise_factor
 from pymc_sgmcmc.step_methods import SGLD
+from pymc_sgmcmc.tuning.averaging import gradient_noise
 
 __all__ = ["SAGALD", "SVRGLD"]
 
 
 class _VarianceReducedLD(SGLD):
-    """Shared parts: plain Langevin steps (no RMSprop) and the automatic step size.
+    """Shared parts: Langevin steps in the measured whitening and the automatic step size.
 
-    Automatic step size: the SGLD rule with the gradient-noise term dropped — the
-    variance-reduced estimator's noise vanishes as the stored positions approach the chain,
-    so the step is set by discretisation alone, ``ε = 4δ / max_k h_kk`` (``δ`` =
-    ``target_bias``, ``h`` the potential's diagonal Hessian): the stationary variance of the
-    stiffest coordinate is then about ``1 + δ`` times the posterior's.
+    Automatic step size: SGLD's rule (:class:`~pymc_sgmcmc.SGLD`) with the noise of the
+    variance-reduced estimator measured at the chain's state — the covariance over rows of the
+    per-row differences between the gradient and its stored value (the SAGA table's row, or the
+    row's gradient at the SVRG anchor), times ``N²/B``. That noise vanishes as the stored
+    positions approach the chain, so the step is mostly set by the discretisation cap
+    (``h ≤ 0.25`` in whitened units): about four iterations per relaxation time.
     """
 
     _streams = False  # SAGA's table and SVRG's anchor need the data in memory
     _supports_locals = False  # per-row gradients of θ that locals drawn afresh make random
 
-    def __init__(self, vars: Any = None, *, step_size: Any = "auto", **kwargs: Any) -> None:
-        if kwargs.get("preconditioner") is not None:
+    def __init__(
+        self, vars: Any = None, *, step_size: Any = "auto", preconditioner: Any = "auto", **kwargs: Any
+    ) -> None:
+        if preconditioner not in ("auto", "full", "diagonal", None):
             raise ValueError(
-                f"{type(self).__name__} takes no preconditioner, got {kwargs['preconditioner']!r}."
+                f"{type(self).__name__} preconditioner must be 'auto', 'full', 'diagonal' or None, "
+                f"got {preconditioner!r}."
             )
-        super().__init__(vars, step_size=step_size, **kwargs)
+        if step_size != "auto":
+            preconditioner = None  # a user's step: Dubey et al.'s plain update
+        super().__init__(vars, step_size=step_size, preconditioner=preconditioner, **kwargs)
 
-    def _auto_step_size(self, noise: np.ndarray, curvature: np.ndarray) -> float:
-        a = np.abs(np.asarray(curvature, dtype=np.float64))
-        return float(4.0 * self.target_bias / max(float(a.max()), 1e-300))
+    def _measure(self, state: Any, fixed: tuple, key: Any):
+        base = super()._measure(state, fixed, key)
+        if self.exact:
+            return base
+        compiled = self._compile()
+        fn = compiled.get("vr_noise")
+        if fn is None:
+            fn = compiled["vr_noise"] = self._build_vr_noise(compiled)
+        dense = self.whitening_kind == "dense"
+        c = np.asarray(fn(compiled["fold_in"](key, 5), state, fixed, compiled["data"], dense))
+        n, b = self.problem.data_size, self.batch_size
+        noise = n**2 / b * noise_factor(n, b, self.minibatch) * c
+        if not dense and noise.ndim == 2:
+            noise = np.diag(noise)
+        return type(base)(base.curvature, noise, base.fisher, base.stability)
+
+    def _build_vr_noise(self, compiled: dict[str, Any]):
+        import jax
+        import jax.numpy as jnp
+
+        n = self.problem.data_size
+        rows = min(n, max(self.batch_size, 1024))
+        per_example = self.problem.jax_functions()["per_example_grads"]
+        stored_fn = self._stored_rows
+
+        def vr_noise(key, state, fixed, data, dense):
+            idx = jax.random.randint(key, (rows,), 0, n)
+            batch = tuple(jnp.take(a, idx, axis=0) for a in data)
+            diff = per_example(state.position, fixed, batch) - stored_fn(state, fixed, batch, idx)
+            return gradient_noise(diff, full=dense)
+
+        return jax.jit(vr_noise, static_argnames="dense")
+
+    def _stored_rows(self, state: Any, fixed: tuple, batch: Any, idx: Any) -> Any:
+        """The stored per-row gradients the estimator subtracts, for rows ``idx``."""
+        raise NotImplementedError
+
+    def _params(self, iteration: int) -> dict[str, Any]:
+        params = super()._params(iteration)
+        if self.tuner is not None and not self.exact and self.tuned is not None:
+            dtype = self.problem.dtype
+            params["precond_vr"] = np.asarray(self.tuned.preconditioner, dtype=dtype)
+            params["inject"] = np.asarray(self.tuned.noise_factor, dtype=dtype)
+        return params
+
+    def _mix_normals(self, normals, params):
+        inject = params.get("inject")
+        if inject is None:
+            return normals
+        return normals @ inject.T if inject.ndim == 2 else normals * inject
 
     def _step_size(self, params: dict[str, Any], iteration: Any) -> Any:
         if self.schedule is None:
@@ -141,6 +195,7 @@ class SAGALD(_VarianceReducedLD):
                 temperature=temperature,
                 normal=normal,
                 next_rows=next_row_ids,
+                preconditioner=params.get("precond_vr"),
             )
             return state, info, jnp.zeros_like(state.position)
 
@@ -151,7 +206,12 @@ class SAGALD(_VarianceReducedLD):
 
         return saga.prefetch(state, first_row_ids)
 
+    def _stored_rows(self, state, fixed, batch, idx):
+        return state.table[idx]
+
     def _data_passes(self, iteration: int) -> float:
+        if self.exact:
+            return super()._data_passes(iteration)
         return 1.0 + float(iteration * self.batch_size / self.problem.data_size)
 
 
@@ -230,12 +290,19 @@ class SVRGLD(_VarianceReducedLD):
                 anchor_every,
                 temperature=temperature,
                 normal=normal,
+                preconditioner=params.get("precond_vr"),
             )
             return state, info, jnp.zeros_like(state.position)
 
         return iteration
 
+    def _stored_rows(self, state, fixed, batch, idx):
+        per_example = self.problem.jax_functions()["per_example_grads"]
+        return per_example(state.anchor, fixed, batch)
+
     def _data_passes(self, iteration: int) -> float:
+        if self.exact:
+            return super()._data_passes(iteration)
         anchors = -(-iteration // self.anchor_every)
         return float(2 * iteration * self.batch_size / self.problem.data_size + anchors)
 

@@ -36,7 +36,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from pymc_sgmcmc.kernels.preconditioning import standard_normal
+from pymc_sgmcmc.kernels.preconditioning import apply_preconditioner, standard_normal
 
 __all__ = ["SAGAInfo", "SAGAState", "estimator", "init", "prefetch", "step"]
 
@@ -104,6 +104,8 @@ def step(
     temperature: float = 1.0,
     normal: jax.Array | None = None,
     next_rows: jax.Array | None = None,
+    preconditioner: jax.Array | None = None,
+    noise_factor: jax.Array | None = None,
 ) -> tuple[SAGAState, SAGAInfo]:
     """One SAGA-LD step.
 
@@ -147,7 +149,13 @@ def step(
     old = state.table[rows] if next_rows is None else state.prefetched
     grad = estimator(state, prior_grad_fn(position), row_grads, rows, data_size, stored=old)
     noise = standard_normal(rng_key, position, normal)
-    new_position = position + 0.5 * step_size * grad + jnp.sqrt(step_size * temperature) * noise
+    if preconditioner is None:
+        new_position = position + 0.5 * step_size * grad + jnp.sqrt(step_size * temperature) * noise
+    else:
+        # The tuned form θ' = θ + P ĝ + R ξ (pymc_sgmcmc.tuning.rates): P the preconditioner,
+        # R the factor of the injected noise; step_size and temperature are in them.
+        new_position = position + apply_preconditioner(preconditioner, grad)
+        new_position = new_position + apply_preconditioner(noise_factor, noise)
     # Store the rows' gradients at the position they were computed at (θ, not θ'), once each.
     first = _first_occurrence(rows)
     table = state.table.at[jnp.where(first, rows, data_size)].set(row_grads, mode="drop")

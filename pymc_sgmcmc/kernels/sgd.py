@@ -60,6 +60,7 @@ def step(
     injected_noise_scale: jax.Array | None = None,
     normal: jax.Array | None = None,
     injected_noise: jax.Array | None = None,
+    position_noise: jax.Array | None = None,
 ) -> tuple[SGDState, SGDInfo]:
     """One constant-SGD step.
 
@@ -89,6 +90,9 @@ def step(
         A pre-drawn ``e`` itself (already scaled), instead of ``injected_noise_scale`` and a
         normal: drivers with a dense ``L`` multiply a whole draw's normals by it in one
         matrix product before the loop rather than one matrix-vector product per step.
+    position_noise
+        Gaussian noise added to the step itself (θ units, already scaled): the form the tuned
+        samplers use, ``v ← (1 − μ) v + P ∇log p̂ + ξ`` (see :mod:`pymc_sgmcmc.tuning.rates`).
 
     Examples
     --------
@@ -108,6 +112,8 @@ def step(
         z = standard_normal(rng_key, grad, normal)
         drive = grad + apply_preconditioner(injected_noise_scale, z)
     update = step_size * apply_preconditioner(preconditioner, drive)
+    if position_noise is not None:
+        update = update + position_noise
     if momentum is None:
         velocity = update
     else:

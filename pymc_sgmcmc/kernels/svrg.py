@@ -30,7 +30,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from pymc_sgmcmc.kernels.preconditioning import standard_normal
+from pymc_sgmcmc.kernels.preconditioning import apply_preconditioner, standard_normal
 
 __all__ = ["SVRGInfo", "SVRGState", "estimator", "init", "step"]
 
@@ -79,6 +79,8 @@ def step(
     anchor_every: int,
     temperature: float = 1.0,
     normal: jax.Array | None = None,
+    preconditioner: jax.Array | None = None,
+    noise_factor: jax.Array | None = None,
 ) -> tuple[SVRGState, SVRGInfo]:
     """One SVRG-LD step.
 
@@ -102,6 +104,12 @@ def step(
         batch_size,
     )
     noise = standard_normal(rng_key, position, normal)
-    new_position = position + 0.5 * step_size * grad + jnp.sqrt(step_size * temperature) * noise
+    if preconditioner is None:
+        new_position = position + 0.5 * step_size * grad + jnp.sqrt(step_size * temperature) * noise
+    else:
+        # The tuned form θ' = θ + P ĝ + R ξ (pymc_sgmcmc.tuning.rates): P the preconditioner,
+        # R the factor of the injected noise; step_size and temperature are in them.
+        new_position = position + apply_preconditioner(preconditioner, grad)
+        new_position = new_position + apply_preconditioner(noise_factor, noise)
     info = SVRGInfo(jnp.asarray(step_size), jnp.linalg.norm(grad))
     return SVRGState(new_position, anchor, anchor_grad, state.iteration + 1), info

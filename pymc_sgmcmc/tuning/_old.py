@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
+    "FULL_MAX_DIM",
     "PreconditionerKind",
     "NoiseEstimate",
     "lift_noise",

@@ -1,0 +1,314 @@
+r"""The self-check every run gets: is this chain sampling the posterior?
+
+Three checks, each a number per parameter with a stated tolerance, recorded in the attrs of
+``posterior`` and ``sample_stats`` (``sgmcmc_diagnostics``, JSON) and warned about — naming the
+parameters — as PyMC warns about divergences.
+
+1. **Predicted stationary covariance vs the measured curvature** (after tuning). With the
+   tuned step and injected noise frozen, the chain's stationary covariance on a Gaussian with
+   the curvature ``A`` measured last (and the gradient noise measured there) is solved from
+   the discrete Lyapunov equation in whitened coordinates and compared with ``A⁻¹``
+   (:func:`predicted_sd_ratio`). It fails where the rates cannot match the curvature: data
+   whose gradient noise exceeds it (over-dispersion, ``N·C > A``), a diagonal whitening of a
+   strongly coupled posterior, a curvature that moved since it was averaged. Tolerance: sds
+   within :data:`PREDICTED_SD_TOLERANCE` (10%).
+
+2. **Stein's identity on the draws** (after sampling). For any density :math:`p \propto
+   e^{-U}` and fixed matrix ``M``, integration by parts gives
+
+   .. math::
+
+       E_p\big[(\theta_k - \mu_k)\,(M\nabla\log p(\theta))_k\big] = -M_{kk}.
+
+   With ``M = A⁻¹`` the per-draw term :math:`t_k = -(\theta_k - \bar\theta_k)(A^{-1}
+   \nabla\log p)_k / (A^{-1})_{kk}` has mean 1 under the posterior — exactly, whatever its
+   shape — and, if the draws came from :math:`\mathcal N(\mu, \Sigma)` on a Gaussian posterior,
+   mean :math:`\Sigma_{kk}/(A^{-1})_{kk}`: the draws' variance relative to the posterior's. Its
+   variance per independent draw is about 2, so ``s_k = mean(t_k)`` estimates each parameter's
+   variance ratio to about :math:`\sqrt{2/\mathrm{ESS}}` without knowing the posterior. The
+   gradient at each draw is a minibatch estimate with an SVRG control variate at the chain's
+   position after tuning (its full-data gradient is taken once), so the minibatch noise barely
+   adds to that error; with ``local_vars`` the joint density's gradient with respect to the
+   globals at the draw of the locals is used (Stein's identity holds for the joint), without
+   the control variate. A parameter is flagged when :math:`|s_k - 1|` exceeds
+   :data:`STEIN_TOLERANCE` (0.2 in variance, ≈10% in sd) plus ``z`` Monte Carlo standard
+   errors, ``z`` Bonferroni-corrected over the checked parameters at a 5% family-wise rate.
+
+3. **Movement** (after sampling). Per parameter, the mean squared jump between consecutive
+   draws in posterior sds, :math:`m_k = \overline{(\Delta\theta_k)^2}/(2(A^{-1})_{kk})`, is
+   ``1 − ρ`` for draws with lag-1 autocorrelation ρ; a chain whose relaxation time
+   ``1/m_k`` exceeds :data:`MAX_RELAXATION_PASSES` data passes does not move (e.g. a step far
+   too small).
+
+Over-dispersed data (the largest eigenvalue of ``N·C`` in whitened coordinates above 1.5) are
+reported in the attrs (``fisher_ratio_max``); they warn only through the checks above, i.e.
+where the draws then move beyond tolerance.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "MAX_CHECKED",
+    "MAX_RELAXATION_PASSES",
+    "PREDICTED_SD_TOLERANCE",
+    "STEIN_TOLERANCE",
+    "SGMCMCCheckWarning",
+    "check_draws",
+    "predicted_sd_ratio",
+    "run_checks",
+]
+
+PREDICTED_SD_TOLERANCE = 0.10
+STEIN_TOLERANCE = 0.20
+FAMILY_WISE_RATE = 0.05
+MAX_RELAXATION_PASSES = 100.0
+MAX_CHECKED = 512  # coordinates checked per chain (all of them up to this many)
+
+_log = logging.getLogger("pymc")
+
+
+class SGMCMCCheckWarning(UserWarning):
+    """The self-check found draws that do not match the posterior (or do not move)."""
+
+
+def check_indices(sizes: Sequence[int], limit: int = MAX_CHECKED) -> np.ndarray:
+    """The raveled coordinates the Stein and movement checks follow: all of them up to
+    ``limit``; above, every coordinate of the small variables and evenly spaced ones of the
+    large."""
+    total = int(sum(sizes))
+    if total <= limit:
+        return np.arange(total)
+    small = [s for s in sizes if s <= 16]
+    budget = max(limit - sum(small), 0)
+    large = [s for s in sizes if s > 16]
+    per_large = max(1, budget // max(len(large), 1))
+    out, start = [], 0
+    for s in sizes:
+        if s <= 16:
+            out.extend(range(start, start + s))
+        else:
+            out.extend(np.linspace(start, start + s - 1, min(s, per_large)).astype(int).tolist())
+        start += s
+    return np.unique(np.asarray(out[:limit], dtype=int))
+
+
+def predicted_sd_ratio(
+    step_size: float,
+    injected: np.ndarray,
+    whitening: Any,
+    curvature: np.ndarray,
+    noise: np.ndarray,
+    window: int | None = None,
+) -> np.ndarray:
+    r"""Per-parameter sd of the stationary chain (or of IASG's window means, ``window``) on a
+    Gaussian with curvature ``curvature`` and gradient-noise covariance ``noise`` (θ units),
+    for the frozen step ``h`` and injected noise ``Q`` (whitened), over the sd of
+    ``curvature⁻¹``. Dense whitening only (else None)."""
+    from scipy.linalg import solve_discrete_lyapunov
+
+    if not whitening.dense:
+        return None
+    a_z = whitening.to_whitened(curvature)
+    s_z = whitening.to_whitened(noise)
+    q = np.diag(injected) if np.ndim(injected) == 1 else np.asarray(injected)
+    d = a_z.shape[0]
+    f = np.eye(d) - step_size * a_z
+    v = step_size**2 * s_z + q
+    sigma = solve_discrete_lyapunov(f, v)
+    if window is not None and window > 1:
+        # Variance of the mean of W consecutive iterates of the VAR(1).
+        acc = np.zeros_like(sigma)
+        power = np.eye(d)
+        for k in range(1, window):
+            power = power @ f
+            term = power @ sigma
+            acc += (1.0 - k / window) * (term + term.T)
+        sigma = (sigma + acc) / window
+    factor = whitening.factor()
+    sigma_theta = factor @ sigma @ factor.T
+    w, vecs = np.linalg.eigh(0.5 * (curvature + curvature.T))
+    target = (vecs / np.maximum(np.abs(w), 1e-300)) @ vecs.T
+    return np.sqrt(np.maximum(np.diag(sigma_theta), 0.0) / np.maximum(np.diag(target), 1e-300))
+
+
+def _ess(x: np.ndarray) -> float:
+    """Bulk ESS of a (chains, draws) array (ArviZ), at least 1."""
+    import arviz as az
+
+    if x.shape[1] < 4:
+        return float(x.size)
+    value = float(az.ess(np.asarray(x, dtype=np.float64), method="mean"))
+    return max(value, 1.0) if math.isfinite(value) else 1.0
+
+
+def check_draws(
+    positions: np.ndarray,
+    gradients: np.ndarray,
+    cov_diag: np.ndarray,
+    names: Sequence[str],
+    passes_per_draw: float,
+) -> dict[str, Any]:
+    """The Stein and movement checks on ``(chains, draws, k)`` unconstrained draws and their
+    ``A⁻¹∇log p`` terms (``cov_diag`` the ``(k,)`` diagonal of ``A⁻¹``)."""
+    from scipy.stats import norm
+
+    positions = np.asarray(positions, dtype=np.float64)
+    gradients = np.asarray(gradients, dtype=np.float64)
+    chains, draws, k = positions.shape
+    out: dict[str, Any] = {"draws": int(draws), "chains": int(chains), "checked": int(k)}
+    if draws < 20:
+        out["skipped"] = "fewer than 20 draws"
+        return out
+    centred = positions - positions.reshape(-1, k).mean(axis=0)
+    terms = -centred * gradients / cov_diag
+    z = float(norm.ppf(1.0 - FAMILY_WISE_RATE / (2.0 * max(k, 1))))
+    stein, flagged = [], []
+    for j in range(k):
+        t = terms[:, :, j]
+        ess = min(_ess(t), float(t.size))
+        s = float(t.mean())
+        se = float(t.std() / math.sqrt(ess))
+        stein.append((s, se))
+        if abs(s - 1.0) > STEIN_TOLERANCE + z * se:
+            flagged.append(j)
+    jumps = np.diff(positions, axis=1) ** 2 / (2.0 * cov_diag)
+    movement = jumps.mean(axis=1)  # (chains, k)
+    relax_passes = passes_per_draw / np.maximum(movement, 1e-300)
+    stuck = sorted({j for c in range(chains) for j in range(k) if relax_passes[c, j] > MAX_RELAXATION_PASSES})
+    out["stein_z"] = z
+    out["stein_ratio"] = {names[j]: round(s, 4) for j, (s, _) in enumerate(stein)}
+    out["stein_se"] = {names[j]: round(se, 4) for j, (_, se) in enumerate(stein)}
+    out["stein_flagged"] = [names[j] for j in flagged]
+    out["relaxation_passes_max"] = float(relax_passes.max())
+    out["stuck"] = [names[j] for j in stuck]
+    return out
+
+
+def _split_check_stat(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(chains, draws)`` object array of per-draw ``[θ_sub, u_sub]`` vectors (None in
+    tuning) → two ``(chains, draws, k)`` arrays, keeping the draws every chain has."""
+    if values.dtype != object:
+        # PyMC stacks equal-length arrays into a numeric (chains, draws, 2k) stat.
+        if values.ndim != 3 or values.shape[1] == 0:
+            return None
+        k = values.shape[-1] // 2
+        stacked = np.asarray(values, dtype=np.float64)
+        keep = np.all(np.isfinite(stacked), axis=(0, 2))
+        stacked = stacked[:, keep]
+        return (stacked[..., :k], stacked[..., k:]) if stacked.shape[1] else None
+    rows = []
+    for chain in values:
+        kept = [np.asarray(v, dtype=np.float64) for v in chain if isinstance(v, np.ndarray)]
+        rows.append(kept)
+    if not rows or min(len(r) for r in rows) == 0:
+        return None
+    length = min(len(r) for r in rows)
+    stacked = np.stack([np.stack(r[:length]) for r in rows])  # (chains, draws, 2k)
+    k = stacked.shape[-1] // 2
+    return stacked[..., :k], stacked[..., k:]
+
+
+def run_checks(idata: Any, entries: list[dict], warn: bool = True) -> dict[str, Any] | None:
+    """Run the checks on a finished run: read (and drop) the ``sgmcmc_check`` stat, add
+    ``sgmcmc_diagnostics`` to the attrs, warn about what failed. ``entries`` are the SG steps'
+    settings as they go into the attrs (one per step, each chain's tuned values under
+    ``"chains"``)."""
+    check = None
+    for group in ("warmup_sample_stats", "sample_stats"):
+        if group in idata.groups() and "sgmcmc_check" in idata[group]:
+            stat = idata[group]["sgmcmc_check"]
+            if group == "sample_stats":
+                values = np.asarray(stat.values)
+                check = values if values.ndim == 3 else values.reshape(values.shape[0], -1)
+            extra = [d for d in stat.dims if d not in ("chain", "draw")]
+            dataset = idata[group].drop_vars("sgmcmc_check")
+            dataset = dataset.drop_dims([d for d in extra if d in dataset.dims])
+            setattr(idata, group, dataset)
+    report: dict[str, Any] = {}
+    messages: list[str] = []
+    entry = entries[0] if len(entries) == 1 else None
+    chains = (entry or {}).get("chains", [])
+    info = chains[0].get("check") if chains and isinstance(chains[0], dict) else None
+    # 1. predicted stationary covariance per chain
+    predicted = [c.get("predicted_sd_ratio") for c in chains if isinstance(c, dict)]
+    predicted = [p for p in predicted if p]
+    if predicted and info:
+        worst: dict[str, float] = {}
+        for p in predicted:
+            for name, r in zip(info["names"], p, strict=False):
+                if abs(r - 1.0) > abs(worst.get(name, 1.0) - 1.0):
+                    worst[name] = r
+        bad = {k: round(v, 3) for k, v in worst.items() if abs(v - 1.0) > PREDICTED_SD_TOLERANCE}
+        report["predicted_sd_ratio_range"] = [
+            float(min(min(p) for p in predicted)),
+            float(max(max(p) for p in predicted)),
+        ]
+        report["predicted_flagged"] = bad
+        if bad:
+            messages.append(
+                "the tuned step and noise predict posterior sds off by more than "
+                f"{PREDICTED_SD_TOLERANCE:.0%} for {_shorten(bad)} (predicted sd ratio)"
+            )
+    overdispersed = [
+        c.get("fisher_ratio_max") for c in chains if isinstance(c, dict) and c.get("fisher_ratio_max")
+    ]
+    if overdispersed:
+        report["fisher_ratio_max"] = float(max(overdispersed))
+    # 2–3. Stein's identity and movement on the draws
+    if check is not None and info is not None:
+        split = _split_check_stat(check)
+        if split is not None:
+            positions, gradients = split
+            passes = float(entry.get("thin", 1)) * float(entry.get("batch_size", 1)) / float(
+                max(entry.get("data_size", 1), 1)
+            )
+            cov_diag = np.mean([np.asarray(c["check"]["cov_diag"]) for c in chains], axis=0)
+            stats = check_draws(positions, gradients, cov_diag, info["names"], passes)
+            report.update(stats)
+            if stats.get("stein_flagged"):
+                ratio = {n: stats["stein_ratio"][n] for n in stats["stein_flagged"]}
+                messages.append(
+                    "Stein's identity fails for "
+                    f"{_shorten(ratio)} (≈ the draws' variance over the posterior's; 1 is "
+                    "right): the draws do not match the posterior there"
+                )
+            if stats.get("stuck"):
+                step = entry.get("step_size")
+                messages.append(
+                    f"the chains barely move along {_shorten(stats['stuck'])} (relaxation "
+                    f"≥ {MAX_RELAXATION_PASSES:.0f} data passes; step_size={step}): use "
+                    "step_size='auto', more draws, or a larger batch_size"
+                )
+    report["ok"] = not messages
+    text = json.dumps(report, default=float)
+    for name in ("posterior", "sample_stats"):
+        if name in idata.groups():
+            idata[name].attrs["sgmcmc_diagnostics"] = text
+    if messages and warn:
+        sampler = (entry or {}).get("sampler", "The SG sampler")
+        warnings.warn(
+            f"{sampler} self-check: " + "; ".join(messages) + ". See "
+            "idata.sample_stats.attrs['sgmcmc_diagnostics'] and the docs' reliability page.",
+            SGMCMCCheckWarning,
+            stacklevel=3,
+        )
+    return report
+
+
+def _shorten(items: Any, limit: int = 6) -> str:
+    if isinstance(items, dict):
+        parts = [f"{k} ({v})" for k, v in list(items.items())[:limit]]
+        more = len(items) - limit
+    else:
+        parts = list(items)[:limit]
+        more = len(items) - limit
+    return ", ".join(parts) + (f" and {more} more" if more > 0 else "")

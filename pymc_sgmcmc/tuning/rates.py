@@ -1,0 +1,199 @@
+r"""Step sizes and injected noise, computed in the whitened coordinates of
+:class:`~pymc_sgmcmc.tuning.whitening.Whitening`.
+
+Notation. In ``z`` (:math:`\theta = c + L z`, :math:`LL^\top = A^{-1}`) the potential has unit
+curvature, :math:`\nabla_z U \approx z`. Every sampler of this package moves as
+
+.. math::
+
+    z \leftarrow z - h\,\hat g_z(z) + \xi,\qquad \xi \sim \mathcal N(0, Q),
+
+(with momentum: :math:`v \leftarrow (1-\mu)v - h\hat g_z + \xi,\ z \leftarrow z + v`), where
+:math:`\hat g_z` is the sampler's gradient estimate, whose noise covariance is ``S`` (for a
+minibatch of ``B`` of ``N`` rows, :math:`S = (N^2/B)\,f\,L^\top C L` with ``C`` the per-datum
+gradient covariance and ``f`` the minibatch scheme's factor). In θ this is
+:math:`\theta \leftarrow \theta - hA^{-1}\hat g + L\xi`: the preconditioner is :math:`P = hA^{-1}`.
+
+The noise the target needs. On a Gaussian target with unit curvature, ``z`` is an AR(1) process
+per coordinate, :math:`z' = (1-h)z + \epsilon`, whose stationary variance is
+:math:`\operatorname{Var}\epsilon/(h(2-h))`. For the tempered posterior
+:math:`p^{1/T}` (variance ``T``) the step needs noise :math:`T h (2-h)` per coordinate — the
+*budget*. The minibatch supplies :math:`h^2 S`; the rest is injected:
+
+.. math::
+
+    Q = T\,h(2-h)\,I - h^2 S \quad(\succeq 0).
+
+This is what makes the stationary covariance :math:`A^{-1}` wherever the Fisher identity
+:math:`A = NC` fails — a direction only the prior informs (``S = 0`` there: all of its noise is
+injected), a hierarchical prior, a full batch (``S = 0``), over- or under-dispersed data — and
+it is exact in discrete time (no :math:`O(h)` inflation on a Gaussian target). With momentum
+the budget is the exact stationary variance of the damped AR(2) (:func:`noise_budget`).
+
+How large a step. ``Q ⪰ 0`` needs :math:`h^2\lambda_{max}(S) \le T h(2-h)`. A sampler takes the
+largest ``h ≤ step_cap`` whose minibatch noise is at most a share ``s`` of the budget:
+``s = 1`` is constant SGD's regime (the step the theorems of Mandt et al. 2017 call
+KL-optimal: all the noise the data can give, :math:`h \approx 2B/N` in the Fisher regime);
+a smaller share (the Langevin family) costs mixing time and buys robustness — an error ``δ`` in
+the estimate of ``S`` moves the stationary variances by at most ``s·δ``. ``step_cap`` bounds the
+discretisation error on non-Gaussian posteriors.
+
+IASG (Mandt et al. §6) takes large steps and averages a window of ``W`` iterates: the mean of
+``W`` consecutive AR(1) iterates has variance :math:`\operatorname{Var}\epsilon/(h^2 W_{eff})`
+(:func:`effective_window`), so the budget is :math:`T h^2 W_{eff}` and
+:math:`Q = T h^2 W_{eff} I - h^2 S`; where ``S`` exceeds it (over-dispersed data) the draws are
+too wide by that factor and it is reported as ``overdispersion``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "Rates",
+    "effective_window",
+    "iasg_rule",
+    "iasg_window",
+    "langevin_rule",
+    "largest_eigenvalue",
+    "noise_budget",
+]
+
+
+class Rates(NamedTuple):
+    """A tuned step in whitened coordinates."""
+
+    step_size: float
+    """``h``: the preconditioner is ``h A⁻¹``."""
+    injected: np.ndarray
+    """``Q``: covariance (in ``z``) of the Gaussian noise added to every iteration."""
+    budget: float
+    """The noise variance per coordinate the target needs (see the module docstring)."""
+    noise_share: float
+    """Largest share of the budget that the gradient noise supplies (``h² λmax(S) / budget``)."""
+    overdispersion: float
+    """``max(1, h² λmax(S) / budget)``: above 1, the gradient noise alone exceeds what the
+    target allows and the draws are too wide along that direction by about this factor."""
+
+
+def largest_eigenvalue(matrix: np.ndarray) -> float:
+    matrix = np.asarray(matrix, dtype=np.float64)
+    if matrix.size == 0:
+        return 0.0
+    if matrix.ndim == 1:
+        return float(matrix.max())
+    return float(np.linalg.eigvalsh(0.5 * (matrix + matrix.T))[-1])
+
+
+def noise_budget(step_size: float, momentum: float | None = None, temperature: float = 1.0) -> float:
+    r"""Noise variance per iteration that gives a unit-curvature Gaussian target the stationary
+    variance ``temperature``.
+
+    Plain (``momentum=None``): :math:`T h (2-h)`. With damping μ the position follows
+    :math:`v' = (1-\mu)v - h z + \epsilon,\ z' = z + v'`; its stationary variance per unit of
+    noise is read off the discrete Lyapunov equation of that AR(2) (exact, no small-step
+    limit)."""
+    h = float(step_size)
+    if momentum is None or momentum == 1.0:
+        return temperature * h * (2.0 - h)
+    from scipy.linalg import solve_discrete_lyapunov
+
+    mu = float(momentum)
+    transition = np.array([[1.0 - h, 1.0 - mu], [-h, 1.0 - mu]])
+    if np.max(np.abs(np.linalg.eigvals(transition))) >= 1.0:
+        raise ValueError(f"step size {h} with momentum {mu} is unstable")
+    g = np.ones((2, 1))
+    var_x = solve_discrete_lyapunov(transition, g @ g.T)[0, 0]
+    return temperature / float(var_x)
+
+
+def langevin_rule(
+    noise: np.ndarray,
+    *,
+    noise_share: float,
+    step_cap: float,
+    temperature: float = 1.0,
+    momentum: float | None = None,
+) -> Rates:
+    r"""The largest ``h ≤ step_cap`` whose gradient noise ``h²S`` is at most ``noise_share`` of
+    the budget, and the noise ``Q`` to inject (module docstring).
+
+    ``noise`` is ``S`` in ``z``: ``(D, D)`` or a ``(D,)`` diagonal. Without momentum the step is
+    in closed form, :math:`h = 2sT/(\lambda + sT)` (from :math:`h^2\lambda = sTh(2-h)`); with
+    momentum it is found by bisection on :func:`noise_budget`."""
+    if not 0.0 < noise_share <= 1.0:
+        raise ValueError(f"noise_share must be in (0, 1], got {noise_share!r}")
+    noise = np.asarray(noise, dtype=np.float64)
+    lam = max(largest_eigenvalue(noise), 0.0)
+    s, t = float(noise_share), float(temperature)
+    if momentum is None:
+        h = step_cap if lam == 0.0 else min(step_cap, 2.0 * s * t / (lam + s * t))
+    else:
+        def fits(h: float) -> bool:
+            try:
+                return h * h * lam <= s * noise_budget(h, momentum, t)
+            except ValueError:
+                return False
+
+        lo, hi = 0.0, float(step_cap)
+        if fits(hi):
+            lo = hi
+        else:
+            for _ in range(60):
+                mid = 0.5 * (lo + hi)
+                lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        h = lo
+    budget = noise_budget(h, momentum, t)
+    return _rates(h, noise, lam, budget)
+
+
+def effective_window(window: int, step_size: float) -> float:
+    r"""``W_eff``: the mean of ``W`` consecutive stationary AR(1) iterates with coefficient
+    :math:`\rho = 1-h` has the variance of :math:`W_{eff}` independent draws of the long-run
+    variance :math:`\operatorname{Var}\epsilon/h^2`:
+
+    .. math::
+
+        W_{eff} = W \Big/ \Big[1 - \frac{2\rho(1-\rho^W)}{W(1-\rho)(1+\rho)}\Big]
+        \approx W + 1/h,
+
+    larger than ``W`` because a finite window does not see the correlations reaching outside
+    it."""
+    rho = 1.0 - float(step_size)
+    w = float(window)
+    deficit = 2.0 * rho * (1.0 - rho**w) / (w * (1.0 - rho) * (1.0 + rho))
+    return w / max(1.0 - deficit, 1e-12)
+
+
+def iasg_window(target: float, step_size: float) -> int:
+    """The smallest window ``W`` with ``W_eff ≥ target`` (about ``target − 1/h``): the window
+    whose mean has the variance of ``target`` independent iterates."""
+    for w in range(1, int(np.ceil(target)) + 1):
+        if effective_window(w, step_size) >= target:
+            return w
+    return max(1, int(np.ceil(target)))
+
+
+def iasg_rule(
+    noise: np.ndarray, *, step_size: float, window: int, temperature: float = 1.0
+) -> Rates:
+    """IASG: the step ``h`` is given; the noise a window of ``window`` iterates needs is
+    ``T h² W_eff`` per coordinate (module docstring)."""
+    noise = np.asarray(noise, dtype=np.float64)
+    lam = max(largest_eigenvalue(noise), 0.0)
+    h = float(step_size)
+    budget = temperature * h * h * effective_window(window, h)
+    return _rates(h, noise, lam, budget)
+
+
+def _rates(h: float, noise: np.ndarray, lam: float, budget: float) -> Rates:
+    gradient = h * h * noise
+    if noise.ndim == 1:
+        injected = np.maximum(budget - gradient, 0.0)
+    else:
+        w, v = np.linalg.eigh(0.5 * (gradient + gradient.T))
+        injected = (v * np.maximum(budget - w, 0.0)) @ v.T
+    share = h * h * lam / budget if budget > 0 else 0.0
+    return Rates(float(h), injected, float(budget), float(share), float(max(1.0, share)))

@@ -1,0 +1,230 @@
+r"""The one tuning interface both drivers call: ``init`` at the start of a chain, ``update``
+with each measurement of a tuning draw, ``final`` when tuning ends (as BlackJAX's window
+adaptation and PyMC's step-size adaptation are built).
+
+A chain's tuning has two phases.
+
+*Search* (the first ``search_draws`` tuning draws). The chain descends to the mode region with
+the preconditioner :math:`P = h_s A^{-1}` (``h_s = 0.5``: a damped Newton step whatever the
+units) and no injected noise, ``A`` re-measured at every draw's position.
+
+*Estimation* (the other tuning draws). The sampler runs with its own rates while the curvature
+``A`` and the gradient-noise covariance ``S`` are measured at the chain's positions — every draw
+at first, then on a geometric schedule (ratio :data:`MEASURE_GROWTH`) so that the dense
+Hessians (``D`` Hessian-vector products each) stay a small part of tuning — and averaged over
+doubling windows of measurements (:class:`~pymc_sgmcmc.tuning.averaging.WindowedMean`): the
+average over the chain's positions is the posterior-averaged curvature, not the curvature at
+one point. After each measurement the whitening and the rates are recomputed; ``final`` freezes
+them.
+
+Stability. A step ``h`` along the whitened curvature measured at a position,
+:math:`\lambda_{max}(L^\top H L)`, must keep :math:`h\lambda_{max} \le 1` (SGD's limit is 2):
+the step is capped accordingly — the injected noise then grows to fill the budget, so the cap
+changes the mixing time, not the stationary covariance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pymc_sgmcmc.tuning.averaging import WindowedMean
+from pymc_sgmcmc.tuning.rates import Rates, largest_eigenvalue
+from pymc_sgmcmc.tuning.whitening import Whitening
+
+__all__ = ["MEASURE_GROWTH", "Measurement", "Tuned", "Tuner"]
+
+MEASURE_EVERY_FIRST = 8
+"""The first tuning draws after the search that are all measured."""
+MEASURE_GROWTH = 1.25
+"""Then a draw is measured when its index has grown by this factor since the last one."""
+SEARCH_STEP = 0.5
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What a tuning draw measures at the chain's position (θ units)."""
+
+    curvature: np.ndarray
+    """Hessian of the potential: ``(D, D)`` or its diagonal ``(D,)``."""
+    noise: np.ndarray
+    """Covariance of the sampler's gradient estimate (``(N²/B)·f·C`` for a minibatch):
+    ``(D, D)`` or ``(D,)``."""
+    fisher: np.ndarray | None = None
+    """``N·C`` (``(D, D)`` or ``(D,)``), for the report of how far the Fisher identity
+    ``A = N C`` holds; None where not measured."""
+    stability: float | None = None
+    """``λmax(P H)`` for the current preconditioner ``P`` when measured on the device (the
+    diagonal fallback); None to compute it on the host from ``curvature``."""
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """The frozen or current tuning of a chain, in θ units and in whitened ones."""
+
+    whitening: Whitening
+    rates: Rates
+    preconditioner: np.ndarray
+    """``P = h A⁻¹``: ``(D, D)`` or ``(D,)``."""
+    noise_factor: np.ndarray
+    """``R`` with ``R Rᵀ = L Q Lᵀ``: the θ-space factor of the injected noise."""
+    searching: bool
+    report: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def step_size(self) -> float:
+        return self.rates.step_size
+
+
+class Tuner:
+    """Per-chain tuning state.
+
+    Parameters
+    ----------
+    rule
+        ``S_z -> Rates``: the sampler's step and injected noise from the gradient-noise
+        covariance in whitened coordinates (:mod:`~pymc_sgmcmc.tuning.rates`).
+    search_draws
+        Tuning draws spent reaching the mode.
+    """
+
+    def __init__(self, rule: Callable[..., Rates], search_draws: int, exact: bool = False) -> None:
+        self.rule = rule
+        self.search_draws = int(search_draws)
+        self.exact = exact  # a Metropolis-adjusted chain: no stability cap on its step
+        self.init()
+
+    # -- the interface -------------------------------------------------------------------------
+    def init(self) -> None:
+        """Forget everything: a new chain."""
+        self.draws = 0
+        self.measurements = 0
+        self._last_measured = 0
+        self.curvature = WindowedMean()
+        self.noise = WindowedMean()
+        self.fisher = WindowedMean()
+        self.step_cap_factor = 1.0
+        self.current: Tuned | None = None
+        self.last_measurement: Measurement | None = None
+        self._frozen = False
+
+    def wants_measurement(self, tuning: bool) -> bool:
+        """Whether the coming draw should be measured first. Every search draw and the first
+        draws after it are; then a geometric schedule. Outside tuning only a chain that was
+        never measured (no tuning draws) is."""
+        if self._frozen:
+            return False
+        if not tuning:
+            return self.current is None
+        k = self.draws - self.search_draws
+        if k < MEASURE_EVERY_FIRST:
+            return True
+        return k >= MEASURE_GROWTH * self._last_measured
+
+    @property
+    def searching(self) -> bool:
+        return self.draws < self.search_draws and not self._frozen
+
+    def update(self, measurement: Measurement, tuning: bool = True) -> Tuned:
+        """Take a measurement made before the coming draw; returns the tuning to use for it."""
+        searching = tuning and self.searching
+        self.last_measurement = measurement
+        if searching:
+            whitening = Whitening.from_curvature(measurement.curvature)
+            noise = measurement.noise
+        else:
+            if tuning:
+                self._last_measured = self.draws - self.search_draws
+            self.measurements += 1
+            whitening = Whitening.from_curvature(self.curvature.update(measurement.curvature))
+            noise = self.noise.update(measurement.noise)
+            if measurement.fisher is not None:
+                self.fisher.update(measurement.fisher)
+        self.current = self._tuned(whitening, noise, measurement, searching)
+        return self.current
+
+    def advance(self, tuning: bool) -> None:
+        """Count a finished draw."""
+        if tuning:
+            self.draws += 1
+
+    def shrink(self, factor: float) -> Tuned | None:
+        """A tuning draw diverged: cap the step at ``factor`` times the current one (the
+        injected noise grows to keep the stationary covariance)."""
+        self.step_cap_factor *= factor
+        if self.current is None:
+            return None
+        self.current = self._retuned(self.current)
+        return self.current
+
+    def retune(self) -> Tuned | None:
+        """Recompute the rates from the same measurements (the rule's own state changed, e.g.
+        MALA's adapted step)."""
+        if self.current is not None:
+            self.current = self._retuned(self.current)
+        return self.current
+
+    def final(self) -> Tuned | None:
+        """End of tuning: the rates in force are frozen (also when tuning ended inside the
+        search: then from the last measurement's curvature and noise, with the sampler's own
+        rule instead of the search step)."""
+        if self.current is not None and self.current.searching:
+            self.current = self._tuned(
+                self.current.whitening, self._last_noise, None, searching=False
+            )
+        elif self.current is not None:
+            self.current = self._retuned(self.current)
+        self._frozen = True
+        return self.current
+
+    # -- internals -------------------------------------------------------------------------------
+    def _tuned(
+        self,
+        whitening: Whitening,
+        noise: np.ndarray,
+        measurement: Measurement | None,
+        searching: bool,
+    ) -> Tuned:
+        self._last_noise = noise
+        s_z = whitening.to_whitened(noise)
+        report: dict[str, Any] = {"condition_number": whitening.condition_number}
+        stiffest = 1.0
+        if measurement is not None:
+            if measurement.stability is not None:
+                stiffest = float(measurement.stability) / max(self._step_of(self.current), 1e-300)
+            else:
+                stiffest = largest_eigenvalue(whitening.to_whitened(measurement.curvature))
+        self._stiffest = max(stiffest, 1e-300)
+        if self.fisher.value is not None:
+            f_z = whitening.to_whitened(self.fisher.value)
+            report["fisher_ratio_max"] = largest_eigenvalue(f_z)
+            report["fisher_ratio_min"] = (
+                float(np.min(f_z)) if f_z.ndim == 1 else float(np.linalg.eigvalsh(f_z)[0])
+            )
+        tuned = Tuned(whitening, None, None, None, searching, report)  # type: ignore[arg-type]
+        self._noise_z = s_z
+        return self._retuned(tuned)
+
+    def _retuned(self, tuned: Tuned) -> Tuned:
+        cap = (1.0 if self.exact else min(1.0 / self._stiffest, 1.0)) * self.step_cap_factor
+        if tuned.searching:
+            h = min(SEARCH_STEP, cap)
+            s_z = self._noise_z
+            zero = np.zeros_like(s_z)
+            rates = Rates(h, zero, 0.0, 0.0, 1.0)
+        else:
+            rates = self.rule(self._noise_z, cap=cap, whitening=tuned.whitening)
+        whitening = tuned.whitening
+        precond = rates.step_size * whitening.covariance()
+        factor = whitening.position_noise_factor(rates.injected)
+        report = dict(tuned.report)
+        report["overdispersion"] = rates.overdispersion
+        report["noise_share"] = rates.noise_share
+        return Tuned(whitening, rates, precond, factor, tuned.searching, report)
+
+    @staticmethod
+    def _step_of(tuned: Tuned | None) -> float:
+        return 1.0 if tuned is None or tuned.rates is None else tuned.rates.step_size
