@@ -1,0 +1,234 @@
+"""Regenerate the stress cases' NUTS references and print the cross-check table.
+
+    .venv/bin/python tests/posteriors/make_stress_references.py                 # everything
+    .venv/bin/python tests/posteriors/make_stress_references.py --skip-references
+    .venv/bin/python tests/posteriors/make_stress_references.py --only lkj_mvnormal
+
+1. References (``nuts`` cases of ``stress.KIND``, unless ``--skip-references``): a long
+   numpyro NUTS run (PyMC's ``nuts_sampler="numpyro"``, 4 chains × 5000 draws after 1500
+   tuning steps) checked against an independent nutpie run (its own NUTS, adaptation and
+   numba-compiled logp, another seed; 4 × 2500 after 1000). Both must have no divergences,
+   R-hat ≤ 1.01 and bulk ESS ≥ 1000 for every stored scalar, else the script stops without
+   writing. The numpyro run is stored thinned by 4 as float32 in ``data/stress/<name>_ci.npz``
+   (the thinned draws must pass the same R-hat and ESS bounds). The small regressions are also
+   scored against their exact (1-D quadrature) posterior, ``stress.collapsed_linear``.
+2. Checks of the closed-form and Laplace references (unless ``--skip-checks``):
+   - natural_linear, sigma_prior_regression (exact by quadrature): the Laplace approximation
+     and a long nutpie run (low-rank mass matrix, 4 × 2500 after 1000) scored against them;
+   - natural_logistic (Laplace): a long nutpie run (low-rank mass matrix, started at the
+     initial point without jitter, 4 × 2500 after 1000) scored against Laplace;
+   - uncentred_predictor (exact): Laplace scored against it.
+3. ``--full``: the N = 10⁶ references: time of each; natural_logistic's Laplace convergence;
+   Laplace scored against the exact posterior of natural_linear and uncentred_predictor.
+4. Builder sanity checks (unless ``--skip-sanity``): PyMC's NUTS (numpyro backend, default
+   settings, 4 × 1000 after 1000, a fresh seed) on every ``ci`` case scored against
+   ``stress.reference``; a run failing its diagnostics (lost) is reported as such.
+
+Run it on its own: importing pymc.sampling.jax rewrites XLA_FLAGS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ → `posteriors` package
+
+import arviz as az  # noqa: E402
+import pymc as pm  # noqa: E402
+
+from posteriors import stress  # noqa: E402
+from posteriors.common import laplace, save_reference, score  # noqa: E402
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+warnings.filterwarnings("ignore", category=UserWarning)
+warnings.filterwarnings("ignore", category=RuntimeWarning)
+
+LONG = dict(draws=5000, tune=1500)
+THIN = 4
+CHECK = dict(draws=2500, tune=1000)
+SANITY = dict(draws=1000, tune=1000)
+SEED = 20250101
+
+
+def draws_of(idata) -> dict[str, np.ndarray]:
+    """Free RVs and deterministics, except chol_corr (its diagonal is a constant 1;
+    corr_offdiag holds its free entries)."""
+    post = idata.posterior
+    return {k: np.asarray(post[k].values, dtype=np.float64) for k in post.data_vars
+            if k != "chol_corr"}
+
+
+def diagnostics(draws: dict[str, np.ndarray], idata=None) -> dict:
+    rh, es = [], []
+    for v in draws.values():
+        flat = v.reshape(v.shape[0], v.shape[1], -1)
+        for j in range(flat.shape[2]):
+            x = flat[:, :, j]
+            if np.ptp(x) == 0:
+                continue
+            rh.append(float(az.rhat(x)))
+            es.append(float(az.ess(x, method="bulk")))
+    out = {"max_rhat": round(max(rh), 4), "min_ess_bulk": round(min(es))}
+    if idata is not None:
+        ss = idata.sample_stats
+        out["divergences"] = int(ss["diverging"].sum())
+        for k in ("tree_depth", "depth"):
+            if k in ss:
+                out["mean_depth"] = round(float(ss[k].mean()), 2)
+        if "step_size" in ss:
+            out["step_size"] = float(f"{float(np.median(ss['step_size'].values)):.3g}")
+    return out
+
+
+def ok(d: dict) -> bool:
+    return d.get("divergences", 0) == 0 and d["max_rhat"] <= 1.01 and d["min_ess_bulk"] >= 1000
+
+
+def run(name: str, sampler: str, seed: int, draws: int, tune: int, low_rank: bool = False,
+        jitter: bool = True):
+    """4 chains of PyMC's numpyro NUTS (``pm.sample``, default settings) or of nutpie
+    (called directly, so that jitter can be switched off: nutpie otherwise starts every
+    chain at a U(-1, 1) jitter of the initial point, which in natural units puts the logistic
+    regression's income coefficient at ±1 per dollar — fully saturated)."""
+    model = stress.build(name)
+    t = time.perf_counter()
+    if sampler == "numpyro":
+        with model:
+            idata = pm.sample(draws=draws, tune=tune, chains=4, nuts_sampler="numpyro",
+                              random_seed=seed, progressbar=False)
+    else:
+        import nutpie
+
+        compiled = nutpie.compile_pymc_model(model, **({} if jitter else {"jitter_rvs": set()}))
+        idata = nutpie.sample(compiled, draws=draws, tune=tune, chains=4, seed=seed,
+                              progress_bar=False, low_rank_modified_mass_matrix=low_rank)
+    elapsed = time.perf_counter() - t
+    d = diagnostics(draws_of(idata), idata)
+    d["seconds"] = round(elapsed)
+    label = sampler + (" low-rank" if low_rank else "") + ("" if jitter else " no-jitter")
+    print(f"  {name}: {label} 4×{draws} after {tune}, seed {seed}: {d}", flush=True)
+    return idata, label, d
+
+
+def fmt(s: dict | None) -> str:
+    if s is None:
+        return "—"
+    return (f"{s['max_abs_dmean']:.3f} (±{s['mc_dmean']:.3f}) | "
+            f"{s['sd_ratio_min']:.3f}–{s['sd_ratio_max']:.3f} (±{s['mc_sd_ratio']:.3f})")
+
+
+def add(rows, name, what, s, t):
+    rows.append((name, what, s, t))
+    print(f"  {what}: {fmt(s)}", flush=True)
+
+
+def make_reference(name: str, rows: list) -> None:
+    print(f"{name}: NUTS reference", flush=True)
+    a, _, d_a = run(name, "numpyro", SEED, **LONG)
+    b, label_b, d_b = run(name, "nutpie", SEED + 1, **CHECK)
+    if not (ok(d_a) and ok(d_b)):
+        raise SystemExit(f"{name}: diagnostics fail; reference not written")
+    ref = draws_of(a)
+    add(rows, name, f"{label_b} 4×2500 vs numpyro 4×5000", score(draws_of(b), ref),
+        f"{d_a['seconds']} s + {d_b['seconds']} s")
+    stored = {k: v[:, ::THIN].astype(np.float32) for k, v in ref.items()}
+    d_s = diagnostics({k: v.astype(np.float64) for k, v in stored.items()})
+    if d_s["min_ess_bulk"] < 1000 or d_s["max_rhat"] > 1.01:
+        raise SystemExit(f"{name}: thinned draws fail ({d_s}); reference not written")
+    path = stress.reference_path(name)
+    save_reference(path, stored)
+    shape = next(iter(stored.values())).shape[:2]
+    print(f"  wrote {path.name}: {path.stat().st_size / 1e6:.2f} MB, {shape} chains×draws, "
+          f"stored draws {d_s}", flush=True)
+    if name in stress._LINEAR_SIGMA_SCALE:
+        exact = stress.collapsed_linear(name)
+        add(rows, name, "numpyro reference (stored) vs exact quadrature",
+            score({k: v.astype(np.float64) for k, v in stored.items()}, exact), "")
+        add(rows, name, f"{label_b} vs exact quadrature", score(draws_of(b), exact), "")
+
+
+def check_exact_or_laplace(name: str, rows: list) -> None:
+    n = stress.sizes(name)["ci"]
+    print(f"{name}: {stress.KIND[name]} reference at N = {n}", flush=True)
+    t = time.perf_counter()
+    ref = stress.reference(name, "ci")
+    t_ref = time.perf_counter() - t
+    if stress.KIND[name] == "exact" and name != "prior_only_direction" \
+            and name != "two_observed":
+        t = time.perf_counter()
+        fit = laplace(stress.build(name, "ci"), seed=1)
+        add(rows, name, "Laplace vs exact", score(fit["draws"], ref),
+            f"{t_ref:.0f} s (exact), {time.perf_counter() - t:.0f} s (Laplace)")
+    if name in ("natural_linear", "sigma_prior_regression", "natural_logistic"):
+        idata, label, d = run(name, "nutpie", SEED + 2, **CHECK, low_rank=True,
+                              jitter=name != "natural_logistic")
+        if ok(d):
+            add(rows, name, f"{label} 4×2500 vs {stress.KIND[name]}", score(idata, ref),
+                f"{d['seconds']} s")
+        else:
+            add(rows, name, f"{label}: NUTS failed its diagnostics {d}", None,
+                f"{d['seconds']} s")
+
+
+def full(rows: list) -> None:
+    for name in ("natural_linear", "natural_logistic", "uncentred_predictor",
+                 "prior_only_direction"):
+        n = stress.sizes(name)["full"]
+        t = time.perf_counter()
+        ref = stress.reference(name, "full")
+        t_ref = time.perf_counter() - t
+        print(f"{name} full (N = {n}): {stress.KIND[name]} reference {t_ref:.0f} s", flush=True)
+        if name in ("natural_linear", "uncentred_predictor"):
+            t = time.perf_counter()
+            fit = laplace(stress.build(name, "full"), seed=1)
+            add(rows, f"{name} [full, N={n}]", "Laplace vs exact", score(fit["draws"], ref),
+                f"{t_ref:.0f} s (exact), {time.perf_counter() - t:.0f} s (Laplace)")
+        else:
+            rows.append((f"{name} [full, N={n}]", f"{stress.KIND[name]} reference computed",
+                         None, f"{t_ref:.0f} s"))
+
+
+def sanity(name: str, rows: list) -> None:
+    idata, label, d = run(name, "numpyro", SEED + 3, **SANITY)
+    flag = "" if ok(d) else f" — LOST/unconverged {d}"
+    add(rows, name, f"{label} 4×1000 vs {stress.KIND[name]} reference{flag}",
+        score(idata, stress.reference(name, "ci")), f"{d['seconds']} s")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--only", nargs="*", default=stress.CASES)
+    p.add_argument("--skip-references", action="store_true")
+    p.add_argument("--skip-checks", action="store_true")
+    p.add_argument("--skip-sanity", action="store_true")
+    p.add_argument("--full", action="store_true")
+    args = p.parse_args()
+    rows: list = []
+    if not args.skip_references:
+        for name in args.only:
+            if stress.KIND[name] == "nuts":
+                make_reference(name, rows)
+    if not args.skip_checks:
+        for name in args.only:
+            if stress.KIND[name] != "nuts":
+                check_exact_or_laplace(name, rows)
+    if args.full:
+        full(rows)
+    if not args.skip_sanity:
+        print("builder sanity checks: PyMC NUTS (numpyro) vs the references", flush=True)
+        for name in args.only:
+            sanity(name, rows)
+    print("\n| case | check | max abs Δmean in sds (mc) | sd ratio (mc) | time |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, what, s, t in rows:
+        print(f"| {name} | {what} | {fmt(s) if s else '— | —'} | {t} |")
+
+
+if __name__ == "__main__":
+    main()
