@@ -25,7 +25,7 @@ from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator
 
 from pymc_sgmcmc.bridge import MinibatchProblem, build_problem
-from pymc_sgmcmc.diagnostics import check_indices, predicted_sd_ratio
+from pymc_sgmcmc.diagnostics import MAX_CHECKED, check_indices, predicted_sd_ratio
 from pymc_sgmcmc.errors import DataShapeError, DivergenceError, ModelNotSupportedError
 from pymc_sgmcmc.kernels.preconditioning import apply_preconditioner
 from pymc_sgmcmc.minibatch import (
@@ -65,6 +65,7 @@ FULL_BATCH_MAX_ROWS = 4096
 MALA_THIN = 4  # MALA iterations per saved draw by default (full batch)
 EXACT_DIAG_MAX_DIM = 64
 SEARCH_TRUST = 10.0  # the longest Newton step of the search, in posterior sds
+SEARCH_LOG_STEP = 2.0  # ... and in the unconstrained value of a transformed variable
 MAX_RELAXATION_CHECK_DIM = 400  # IASG's end-of-tuning check of its slowest direction
 NOISE_REPEATS = 16  # ELBO gradients whose covariance is the noise estimate with local_vars
 SEARCH_ALL_ROWS = 16_384  # the search for the mode uses every row up to this many
@@ -690,6 +691,7 @@ class SGMCMCStep(BlockedStep):
             return state, emitted, stats
 
         check_idx = jnp.asarray(self._check_indices())
+        local_idx = jnp.asarray(self._check_local_indices())
         dim = problem.dim
         loglik_rows = fns["loglik_rows"]
         prior_grad = jax.grad(fns["logprior"])
@@ -707,11 +709,25 @@ class SGMCMCStep(BlockedStep):
             if self.exact:
                 grad = state.grad
             elif hybrid is not None:
+                # The joint density's gradient at (θ, z) for the globals and, with M = I, for
+                # the checked locals: Stein's identity in θ alone holds for any draws whose
+                # θ | z is right, so the locals' coordinates are what can see a wrong q.
+                width = 2 * (check_idx.shape[0] + local_idx.shape[0])
                 if problem.row_local_names:
-                    return jnp.full((2 * check_idx.shape[0],), jnp.nan, dtype=theta.dtype)
-                with_z = hybrid.layout.insert(fixed, emitted[dim:])
+                    return jnp.full((width,), jnp.nan, dtype=theta.dtype)
+                z = emitted[dim:]
                 batch = draw_minibatch(key, data, n, b, scheme)
-                grad = prior_grad(theta, with_z) + (n / b) * batch_grad(theta, with_z, batch)
+
+                def joint(th, zz):
+                    with_z = hybrid.layout.insert(fixed, zz)
+                    rows = jnp.sum(loglik_rows(th, with_z, batch))
+                    return fns["logprior"](th, with_z) + (n / b) * rows
+
+                grad, grad_z = jax.grad(joint, argnums=(0, 1))(theta, z)
+                u = apply_preconditioner(params["check_cov"], grad)
+                return jnp.concatenate(
+                    [theta[check_idx], z[local_idx], u[check_idx], grad_z[local_idx]]
+                )
             else:
                 batch = draw_minibatch(key, data, n, b, scheme)
                 centre = params["check_centre"]
@@ -935,7 +951,9 @@ class SGMCMCStep(BlockedStep):
             # product per unit vector) up to 64 dimensions, else Hutchinson's estimator
             # diag(H) ≈ mean_z z ⊙ Hz over 16 Rademacher probes.
             key_rows, key_probe = jax.random.split(key)
-            batch = tuning_rows(key_rows, data)
+            # Every row once when there are few (the curvature of a group's effect then comes
+            # from all of its rows), else a block of rows drawn uniformly.
+            batch = search_block(key_rows, data)
             if hybrid is None:
                 c = gradient_noise(fns["per_example_grads"](position, fixed, batch), full=full)
             else:
@@ -1229,7 +1247,9 @@ class SGMCMCStep(BlockedStep):
         stats["sgmcmc_tuned"] = ""
         # The self-check's per-draw terms (pymc_sgmcmc.diagnostics), sampling draws only.
         stats["sgmcmc_check"] = (
-            None if self.tune or check is None or self._check is None else np.asarray(check)
+            None
+            if self.tune or check is None or not self._check_report
+            else np.asarray(check)
         )
         if self.tune or first or not self.chain_settings[-1].get("tuned", False):
             # Tuned values change until the first draw after tuning; keep the latest.
@@ -1440,7 +1460,7 @@ class SGMCMCStep(BlockedStep):
         one block of rows (host arrays)."""
         compiled = self._compile()
         key = compiled["fold_in"](key, 1)
-        data = self._tuning_data(key)
+        data = self._tuning_data(key, self._search_rows)
         c, h = compiled["noise"](
             key,
             position,
@@ -1492,6 +1512,7 @@ class SGMCMCStep(BlockedStep):
         value, grad = evaluate(theta)
         if not (np.isfinite(value) and np.all(np.isfinite(grad))):
             return theta
+        logscale = self._transformed_mask()
         whitening = None
         for _ in range(SEARCH_ITERATIONS):
             hess = np.asarray(
@@ -1499,12 +1520,35 @@ class SGMCMCStep(BlockedStep):
             )
             if not np.all(np.isfinite(hess)):
                 break
+            sampled = self._sampled_idx
+            if sampled is not None:
+                # Variational EM: the search moves the sampled coordinates only (a joint mode
+                # over a prior precision and the weights it governs runs off to λ → ∞).
+                hess = hess[np.ix_(sampled, sampled)] if hess.ndim == 2 else hess[sampled]
             whitening = Whitening.from_curvature(hess)
             cov = whitening.covariance()
-            delta = -(cov @ grad if cov.ndim == 2 else cov * grad)
+            g = grad if sampled is None else grad[sampled]
+            step = -(cov @ g if cov.ndim == 2 else cov * g)
+            if sampled is None:
+                delta = step
+            else:
+                delta = np.zeros_like(grad)
+                delta[sampled] = step
             decrement = float(-grad @ delta)
             if not np.isfinite(decrement) or decrement < 1e-8:
                 break
+            if np.any(logscale):
+                # Transformed coordinates (log σ, logit p) are scale-free: no search needs to
+                # move one by more than SEARCH_LOG_STEP per step, so their components are
+                # clipped there (the others keep their Newton step). Without this a centred
+                # hierarchical model's first step shrank log σ by ~10 — its curvature is ~0
+                # while the group effects all sit at their mean — and the search ran into the
+                # funnel instead of to the mode the group effects' data make.
+                clipped = np.clip(delta, -SEARCH_LOG_STEP, SEARCH_LOG_STEP)
+                delta = np.where(logscale, clipped, delta)
+                decrement = float(-grad @ delta)
+                if not decrement > 0:
+                    break
             t = min(1.0, SEARCH_TRUST / np.sqrt(decrement))
             while t > 1e-10:
                 new_value, new_grad = evaluate(theta + t * delta)
@@ -1517,6 +1561,18 @@ class SGMCMCStep(BlockedStep):
             value, grad = new_value, new_grad
         return theta
 
+    def _transformed_mask(self) -> np.ndarray:
+        """``(D,)`` True where the raveled coordinate belongs to a transformed variable (its
+        unconstrained value is a log, logit, ... — dimensionless)."""
+        model = self.problem.model
+        values_to_rvs = {v.name: rv for v, rv in model.values_to_rvs.items()}
+        mask = []
+        for info in self.problem.var_infos:
+            rv = values_to_rvs.get(info.name)
+            transformed = rv is not None and model.rvs_to_transforms.get(rv) is not None
+            mask.extend([transformed] * info.size)
+        return np.asarray(mask, dtype=bool)
+
     # -- automatic tuning: measure, then the tuner (pymc_sgmcmc.tuning.tuner) -----------------
     def _measure(self, state: Any, fixed: tuple, key: Any) -> Measurement:
         """Curvature and gradient noise at the chain's position, from one block of rows: the
@@ -1525,7 +1581,10 @@ class SGMCMCStep(BlockedStep):
         with every row in every iteration)."""
         position = state.position
         dense = self.whitening_kind == "dense"
-        c, h = self._estimate_noise(position, fixed, key, full=dense, full_curvature=dense)
+        # The noise (and curvature) as full matrices whenever they fit: a diagonal or scalar
+        # whitening still has its injected noise correct the minibatch noise's correlations.
+        full = self.problem.dim <= DENSE_MAX_DIM
+        c, h = self._estimate_noise(position, fixed, key, full=full, full_curvature=full)
         n, b = self.problem.data_size, self.batch_size
         if self.hybrid is None:
             scale = n**2 / b * noise_factor(n, b, self.minibatch)
@@ -1535,17 +1594,25 @@ class SGMCMCStep(BlockedStep):
             scale, fisher = n**2 / b, None
         stability = None
         if not dense:
-            h = np.abs(h)
+            diag = np.abs(np.diag(h) if h.ndim == 2 else h)
             if self.whitening_kind == "scalar":
-                h = np.full_like(h, float(np.mean(h)))
-            stability = self._relative_stiffness(position, fixed, key, h)
+                diag = np.full_like(diag, float(np.mean(diag)))
+            if h.ndim == 2:
+                # λmax(A_w⁻¹ H) on the host, A_w the diagonal (or scalar) the whitening keeps.
+                root = 1.0 / np.sqrt(diag)
+                stability = float(np.linalg.eigvalsh(root[:, None] * h * root[None, :])[-1])
+            else:
+                stability = self._relative_stiffness(position, fixed, key, diag)
+            h = diag
         noise = scale * c
         idx = self._sampled_idx
         if idx is not None:
             # Variational EM: only the sampled coordinates are tuned (hyperparameters get zero
             # rows of P and no noise; see ConstantSGD's hyper_vars).
             self._hyper_curvature.update(np.diag(h) if h.ndim == 2 else h)
-            pick = (lambda m: m[np.ix_(idx, idx)]) if dense else (lambda m: m[idx])
+            def pick(m: np.ndarray) -> np.ndarray:
+                return m[np.ix_(idx, idx)] if m.ndim == 2 else m[idx]
+
             h, noise = pick(h), pick(noise)
             fisher = None if fisher is None else pick(fisher)
         return Measurement(h, noise, fisher, stability)
@@ -1615,7 +1682,7 @@ class SGMCMCStep(BlockedStep):
         report = {k: float(v) for k, v in tuned.report.items()}
         out: dict[str, Any] = {
             "whitening": self.whitening_kind,
-            "step_size": tuned.step_size,
+            "whitened_step_size": tuned.step_size,
             "mala": bool(self.exact),
             **report,
         }
@@ -1624,6 +1691,25 @@ class SGMCMCStep(BlockedStep):
     # -- the self-check (pymc_sgmcmc.diagnostics) --------------------------------------------------
     def _check_indices(self) -> np.ndarray:
         return check_indices([info.size for info in self.problem.var_infos])
+
+    def _check_local_indices(self) -> np.ndarray:
+        """With local variables: the raveled locals the self-check follows too."""
+        if self.hybrid is None:
+            return np.zeros(0, dtype=int)
+        room = max(MAX_CHECKED - len(self._check_indices()), 0)
+        return check_indices(list(self.hybrid.layout.sizes), limit=room)
+
+    def _local_names(self) -> list[str]:
+        if self.hybrid is None:
+            return []
+        layout = self.hybrid.layout
+        names = []
+        for name, shape in zip(layout.names, layout.shapes, strict=True):
+            if not shape:
+                names.append(name)
+            else:
+                names.extend(f"{name}[{','.join(map(str, i))}]" for i in np.ndindex(*shape))
+        return names
 
     def _coordinate_names(self) -> list[str]:
         names = []
@@ -1667,8 +1753,18 @@ class SGMCMCStep(BlockedStep):
             from pymc_sgmcmc.tuning.whitening import Whitening
 
             cov = Whitening.from_curvature(h).covariance()
-        if self._sampled_idx is not None:
-            cov = np.zeros_like(cov)  # variational EM: hyperparameters are not sampled
+        sharded = self.devices not in (None, 1, "chains")
+        if self._sampled_idx is not None or self.streaming or sharded:
+            # Variational EM: the hyperparameters are point estimates, not draws; streamed or
+            # sharded data: the draw has no minibatch of its own to spare. No Stein check.
+            dense = np.ndim(cov) == 2
+            self._check = {
+                "check_centre": centre,
+                "check_grad": np.zeros(dim),
+                "check_cov": np.zeros((dim, dim) if dense else dim),
+            }
+            self._check_report = {}
+            return
         grad = np.zeros(dim)
         if compiled.get("full_grad") is not None and not self.exact and self.hybrid is None:
             grad = np.asarray(compiled["full_grad"](centre, fixed, compiled["data"]))
@@ -1676,13 +1772,20 @@ class SGMCMCStep(BlockedStep):
         idx = self._check_indices()
         names = self._coordinate_names()
         diag = np.diag(cov) if np.ndim(cov) == 2 else np.asarray(cov)
+        local_idx = self._check_local_indices()
+        local_names = self._local_names()
         report: dict[str, Any] = {
-            "check": {"names": [names[i] for i in idx], "cov_diag": diag[idx].tolist()}
+            "check": {
+                "names": [names[i] for i in idx] + [local_names[i] for i in local_idx],
+                # A⁻¹'s diagonal; NaN for the locals (M = I there: their scale is the draws')
+                "cov_diag": diag[idx].tolist() + [float("nan")] * len(local_idx),
+            }
         }
-        measured = self.tuner.last_measurement if self.tuner is not None else None
+        tuner = self.tuner
+        averaged = tuner is not None and tuner.curvature.value is not None
         if (
             tuned is not None
-            and measured is not None
+            and averaged
             and tuned.whitening.dense
             and not self.exact
             and self._sampled_idx is None
@@ -1695,8 +1798,8 @@ class SGMCMCStep(BlockedStep):
                     tuned.step_size,
                     tuned.rates.injected,
                     tuned.whitening,
-                    measured.curvature,
-                    measured.noise,
+                    tuner.curvature.value,
+                    tuner.noise.value,
                     window=window,
                 )
             except (np.linalg.LinAlgError, ValueError):
@@ -1789,7 +1892,10 @@ class SGMCMCStep(BlockedStep):
         if self.exact:
             self._mala = StepSizeAdaptation(initial_mala_step(self.problem.dim))
         self.tuner = Tuner(
-            self._rule, search_draws if self.hybrid is not None else 0, exact=self.exact
+            self._rule,
+            search_draws if self.hybrid is not None else 0,
+            exact=self.exact,
+            follow=self._sampled_idx is not None,
         )
 
     def _rule(self, noise_z: np.ndarray, cap: float = 1.0, whitening: Any = None) -> Rates:

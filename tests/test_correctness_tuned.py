@@ -13,11 +13,9 @@ import arviz as az
 import numpy as np
 import pymc as pm
 import pytest
-import scipy.linalg
 from conftest import logistic_model, make_regression, numpyro_nuts
 
 import pymc_sgmcmc as pmsg
-from pymc_sgmcmc.minibatch import noise_factor
 from pymc_sgmcmc.tuning import iasg_window
 
 pytestmark = pytest.mark.slow
@@ -86,47 +84,32 @@ def test_exact_posterior_of_a_d10_regression(regression_d10, make_step, sample_p
 
 
 def test_full_constant_sgd_is_exact_at_a_large_batch_fraction(sample_path):
-    """B/N = 1/2: Theorem 2's continuous-time rate would contract by a = 2B/N = 1 per step,
-    making the iterates pure noise with twice the posterior variance (sds 1.41x). The
-    discrete-time rate a = 2B/(N + B) gives the iterates, an AR(1) with variance
-    a/(2 - a) per-datum units, exactly the posterior variance."""
+    """B/N = 1/2: the minibatch noise is ~N/B = 2 posterior units per step, far less than a
+    step at the discretisation cap needs; the rest is injected and the discrete-time budget
+    h(2 − h) keeps the iterates' AR(1) at exactly the posterior variance (Theorem 2's
+    continuous-time rate gave sds 1.26–1.36× exact here)."""
     reg = make_regression(400, 3, seed=7)
     with reg.model():
         step = pmsg.ConstantSGD(batch_size=200, preconditioner="full")
-        idata = sample_path(draws=1500, tune=50, step=step, **SAMPLE)
+        idata = sample_path(draws=3000, tune=50, step=step, **SAMPLE)
     ess = _ess(idata, "beta")
     # 15% on an sd is ≥ 3.5 Monte Carlo sds, and 0.1 on a correlation too, at ESS ≥ 1225
-    # (checked inside; measured 1841); the continuous-time rate's sds, 1.26–1.36× exact
-    # measured (1.41× predicted), are far outside.
+    # (checked inside).
     _check_gaussian(_flat(idata, "beta"), reg.mean, reg.cov, ess)
 
 
-def test_scalar_constant_sgd_matches_the_ou_prediction_for_theorem_1_rate(
-    regression_d10, sample_path
-):
+def test_scalar_constant_sgd_gives_the_posterior(regression_d10, sample_path):
+    """A scalar whitening (``A ≈ mean(diag A)·I``) leaves the curvature's spread to the
+    stability cap and the mixing time, not to the stationary covariance: the injected noise
+    fills the budget in every direction (the continuous-time stationary law of preconditioned
+    Langevin dynamics is the posterior for any fixed preconditioner)."""
     reg = regression_d10
-    n, batch = reg.X.shape[0], 100
     with reg.model():
-        idata = sample_path(
-            draws=3000,
-            tune=50,
-            step=pmsg.ConstantSGD(batch_size=batch, preconditioner="scalar"),
-            **SAMPLE,
-        )
-    c = reg.per_datum_grad_cov(reg.mean)
-    noise = n**2 * c / batch * noise_factor(n, batch, "blocks")
-    beta = idata.posterior["beta"].values
-    for chain in range(beta.shape[0]):
-        ess = float(az.ess(idata.sel(chain=[chain]), var_names=["beta"])["beta"].min())
-        assert 0.15 >= Z * np.sqrt(2 / ess)
-        p = float(idata.sample_stats["step_size"].values[chain, -1])
-        # the tuned rate is Theorem 1's ε* = 2BD/(N² tr C) up to the estimate's noise
-        np.testing.assert_allclose(p, 2 * batch * 10 / (n**2 * np.trace(c)), rtol=0.05)
-        predicted = scipy.linalg.solve_continuous_lyapunov(reg.precision, p * noise)
-        ratio = np.diag(np.cov(beta[chain], rowvar=False)) / np.diag(predicted)
-        assert np.all(np.abs(ratio - 1) < 0.15), (
-            f"chain {chain}: variance ratios {np.round(ratio, 3)}"
-        )
+        step = pmsg.ConstantSGD(batch_size=100, preconditioner="scalar")
+        idata = sample_path(draws=2500, tune=50, step=step, **SAMPLE)
+    ess = _ess(idata, "beta")
+    _check_gaussian(_flat(idata, "beta"), reg.mean, reg.cov, ess, correlations=False)
+    assert step.tuned.whitening.condition_number == pytest.approx(1.0)
 
 
 def test_temperature_scales_the_posterior_covariance(regression_d10, sample_path):

@@ -18,9 +18,7 @@ import arviz as az
 import numpy as np
 import pymc as pm
 import pytest
-import scipy.linalg
 
-from pymc_sgmcmc.minibatch import noise_factor
 from pymc_sgmcmc.sgfs import SGFS, sgfs_noise_floor
 
 Z = 3.5
@@ -76,50 +74,32 @@ def d4_model():
 
 
 @pytest.mark.parametrize("kind", ["full", "diagonal"])
-@pytest.mark.parametrize("cap", [1.0, 0.5])
-def test_tuned_h_and_injected_noise_are_theorem_5(d4_model, known_noise, kind, cap):
-    """H = 2 (N²C/B + EE)⁻¹ (Theorem 5; Cor. 6 for the diagonal) with EE from h_max, and the
-    injected gradient noise has covariance EE. A stability cap s < 1 scales H by s and
-    injects (1/s − 1)·(N²C''/B) more: H is then 2s·M⁻¹ and M/s is the total noise."""
-    n, b, h_max = 1000, 10, 2e-5
-    with d4_model:
-        step = SGFS(batch_size=b, h_max=h_max, preconditioner=kind)
-    step._stability_scale = lambda *args: cap
-    noise = known_noise if kind == "full" else np.diag(known_noise)
-    # zero curvature: lift_noise adds nothing, so all injected noise is SGFS's
-    h, scale = step._tuned(
-        step._sampling_preconditioner, noise, np.zeros(4), None, (), None, sampling=True
-    )
-    ee = np.maximum(0.0, 2 / h_max - n**2 * np.diag(known_noise) / b)
-    total = n**2 * known_noise / b + np.diag(ee)  # M
-    injected = scale @ scale.T if kind == "full" else scale**2
-    if kind == "full":
-        np.testing.assert_allclose(h, cap * 2 * np.linalg.inv(total), rtol=1e-6)
-        np.testing.assert_allclose(injected, np.diag(ee) + (1 / cap - 1) * total, rtol=1e-6)
-    else:
-        np.testing.assert_allclose(h, cap * 2 / np.diag(total), rtol=1e-6)
-        np.testing.assert_allclose(injected, ee + (1 / cap - 1) * np.diag(total), rtol=1e-6)
-        assert h.max() <= h_max * (1 + 1e-6)
-    np.testing.assert_allclose(step.injected_noise(), 0.0)  # not stored by _tuned itself
-    step.precond_value, step.inject_value = h, scale
-    settings = step.settings()
-    assert settings["h_max"] == h_max and settings["preconditioner"] == kind
-    np.testing.assert_allclose(settings["injected_noise_value"], injected, rtol=1e-12)
+def test_tuned_h_obeys_h_max_and_the_injected_noise_is_what_the_budget_misses(d4_model, kind):
+    """SGFS takes constant SGD's rule in whitened coordinates (all the noise the minibatch
+    gives, the rest injected) with the step bounded so that every ``H_kk = h (A⁻¹)_kk ≤
+    h_max``; what the minibatch does not give of the budget is injected."""
+    from pymc_sgmcmc.tuning import Whitening
 
-
-def test_without_h_max_sgfs_full_is_theorem_2(d4_model, known_noise):
-    """E = 0: SGFS-full is constant SGD-full's rate (2B/N²) C⁻¹ and injects nothing."""
     n, b = 1000, 10
+    rng = np.random.default_rng(0)
+    q, _ = np.linalg.qr(rng.normal(size=(4, 4)))
+    curvature = (q * np.array([1e3, 2e3, 5e3, 1e4])) @ q.T
+    noise = n / b * curvature  # Fisher's identity: S = (N/B) A
+    whitening = Whitening.from_curvature(curvature if kind == "full" else np.diag(curvature))
+    cov = whitening.covariance()
+    diag = np.diag(cov) if cov.ndim == 2 else cov
+    s_z = whitening.to_whitened(noise)
     with d4_model:
-        step = SGFS(batch_size=b)
-    step._stability_scale = lambda *args: 1.0
-    h, scale = step._tuned(
-        step._sampling_preconditioner, known_noise, np.zeros(4), None, (), None, sampling=True
+        free = SGFS(batch_size=b, preconditioner=kind)._rates(s_z, 1.0, whitening)
+        h_max = 0.5 * free.step_size * float(diag.max())
+        rates = SGFS(batch_size=b, h_max=h_max, preconditioner=kind)._rates(s_z, 1.0, whitening)
+    assert (rates.step_size * diag).max() == pytest.approx(h_max)  # the bound binds
+    assert rates.step_size == pytest.approx(0.5 * free.step_size)
+    # what the budget misses is injected: h²S + Q = h(2 − h) I in whitened coordinates
+    total = rates.step_size**2 * s_z + rates.injected
+    np.testing.assert_allclose(
+        total, rates.step_size * (2 - rates.step_size) * np.eye(4), atol=1e-9
     )
-    # rtol: inverse_noise adds a ridge 1e-8·mean(diag C), 5·10⁻⁵ of the small C_33
-    np.testing.assert_allclose(h, 2 * b / n**2 * np.linalg.inv(known_noise), rtol=1e-4)
-    np.testing.assert_allclose(scale, 0.0, atol=1e-12)
-    assert step.settings()["h_max"] is None
 
 
 def test_arguments_are_checked(d4_model):
@@ -144,26 +124,24 @@ def test_arguments_are_checked(d4_model):
 
 @pytest.mark.parametrize("kind", ["diagonal", "full"])
 def test_h_max_bounds_the_step_where_the_gradient_variance_is_tiny(kind, sample_path):
-    """Feature 3 is scaled by 10⁻³: its per-datum gradient variance is ~10⁻⁶ and only the prior
-    informs it, so its KL-optimal step (from the curvature-lifted noise h/N ≈ 5·10⁻⁴) is about
-    0.1, 2000 times the others'. With h_max = 10⁻³ noise is injected there and H_33 = h_max
-    (the direction is uncorrelated with the others, so also for "full"); the other steps
-    (≈ 2B/N² = 5·10⁻⁵) are untouched."""
+    """Feature 3 is scaled by 10⁻³: only the prior informs it, so its posterior variance
+    (A⁻¹)_33 ≈ 1 is about N times the others' and its step H_33 = h (A⁻¹)_33 the largest. With
+    h_max = 10⁻³ the whitened step is cut to h_max / (A⁻¹)_33 and every H_kk ≤ h_max; the
+    injected noise makes up the rest of the budget."""
     n, b, h_max = 2000, 100, 1e-3
     model = _regression_model(n, [1.0, 1.0, 1.0, 1e-3], seed=1)
     kwargs = {**SAMPLE, "draws": 5, "tune": 10, "chains": 1}
     with model:
         step = SGFS(batch_size=b, preconditioner=kind, h_max=h_max)
         idata = sample_path(step=step, **kwargs)
-    h = np.diag(step.precond_value) if kind == "full" else step.precond_value
+    precond = np.asarray(step.precond_value)
+    h = np.diag(precond) if precond.ndim == 2 else precond
     assert np.all(h <= h_max * (1 + 1e-6)), h
-    np.testing.assert_allclose(h[3], h_max, rtol=0.01)  # 1% of the free step 0.1
-    assert np.all(h[:3] < 2e-4), h
+    np.testing.assert_allclose(h[3], h_max, rtol=1e-6)
+    assert np.all(h[:3] < 1e-5), h
     injected = step.injected_noise()
-    injected = np.diag(injected) if kind == "full" else injected
-    # EE_33 = 2/h_max − N² C'_33 / B with C'_33 the lifted noise ≈ curvature/N ≈ 1/N
-    np.testing.assert_allclose(injected[3], 2 / h_max - n / b, rtol=0.05)
-    np.testing.assert_allclose(injected[:3], 0.0, atol=1e-6 * injected[3])
+    injected = np.diag(injected) if injected.ndim == 2 else injected
+    assert np.all(injected > 0)
     # the InferenceData carries the sampler's name and tuned values, as for the others
     (settings,) = json.loads(idata.posterior.attrs["sgmcmc_settings"])
     assert idata.posterior.attrs["sgmcmc_samplers"] == "SGFS"
@@ -214,50 +192,35 @@ def test_sgfs_full_recovers_the_exact_posterior(regression_10k, h_max_factor, dr
     assert np.all(z < 0.15), f"mean errors in sds: {np.round(z, 3)}"
     assert np.all(np.abs(ratio - 1) < 0.15), f"sd ratios: {np.round(ratio, 3)}"
     injected = np.diag(step.injected_noise()) * b / n**2  # in units of the per-datum C
+    c = np.diag(reg.per_datum_grad_cov(reg.mean))
     if h_max is None:
-        np.testing.assert_allclose(injected, 0.0, atol=1e-9)
+        # Fisher's identity holds but for the N(0, 1) prior (1/N of the curvature): little
+        # is injected — the step is set by the largest eigenvalue of the measured noise, and
+        # the estimate's spread of eigenvalues (a few % at 1024 rows per measurement) leaves
+        # the others a little room (measured: 2–7% of C)
+        assert np.all(injected < 0.15 * c), injected / c
     else:
-        # floor C'' = 2B/(N² h_max) = 2, C_kk ≈ 1: about as much noise injected as measured
-        c = np.diag(reg.per_datum_grad_cov(reg.mean))
-        np.testing.assert_allclose(injected, 2.0 - c, rtol=0.1)
+        # h_max halves the step: about as much noise injected as the minibatch gives
+        assert np.all(injected > 0.5 * c), injected / c
 
 
 @pytest.mark.slow
-def test_sgfs_diagonal_matches_corollary_6_lyapunov_prediction(regression_10k, sample_path):
-    """Features 3 and 4 are scaled by 0.5 (C_kk ≈ 1/4): their diagonal step 2B/(N²C_kk) is 4×
-    the others', and h_max = 2× the others' caps it, injecting EE_kk ≈ N²C_kk/B. The
-    stationary covariance solves H A_U Σ + Σ A_U H = H M H with M = N²C/B·(noise factor) +
-    EE (Corollary 6); on this correlated posterior it is 11–16% narrower than the exact one."""
+def test_sgfs_diagonal_recovers_the_exact_posterior(regression_10k, sample_path):
+    """Features 3 and 4 scaled by 0.5 and correlated at 0.3: a diagonal H leaves the
+    correlations unwhitened (Corollary 6's stationary covariance was 11–16% narrower than the
+    posterior here); with the whole gradient-noise covariance measured and its correlations
+    corrected by the injected noise, the stationary covariance is the posterior's."""
     n, b = regression_10k.X.shape[0], 100
     rng = np.random.default_rng(7)
     X = regression_10k.X * [1.0, 1.0, 1.0, 0.5, 0.5]
     reg = dataclasses.replace(regression_10k, X=X, y=X @ rng.normal(size=5) + rng.normal(size=n))
-    c = reg.per_datum_grad_cov(reg.mean)
-    h_max = 2 * (2 * b / n**2)
     with reg.model():
-        step = SGFS(batch_size=b, preconditioner="diagonal", h_max=h_max)
+        step = SGFS(batch_size=b, preconditioner="diagonal")
         idata = sample_path(draws=2000, tune=50, step=step, **SAMPLE)
     ess = float(az.ess(idata, var_names=["beta"])["beta"].min())
     assert 0.15 >= Z * np.sqrt(2 / ess), f"ESS {ess:.0f}"
-    (settings,) = json.loads(idata.posterior.attrs["sgmcmc_settings"])
-    beta = idata.posterior["beta"].values
-    sample_var, predicted = 0.0, 0.0
-    for chain, tuned in enumerate(settings["chains"]):
-        h = np.asarray(tuned["preconditioner_value"])
-        ee = np.asarray(tuned["injected_noise_value"])
-        # H_kk = min(h_max, 2B/(N² C_kk)) and EE_kk = max(0, 2/h_max − N² C_kk/B), up to the
-        # noise of the online estimate of C
-        np.testing.assert_allclose(h, np.minimum(h_max, 2 * b / (n**2 * np.diag(c))), rtol=0.05)
-        np.testing.assert_allclose(
-            ee, np.maximum(0, 2 / h_max - n**2 * np.diag(c) / b), atol=0.05 * 2 / h_max
-        )
-        total = n**2 * c / b * noise_factor(n, b, "blocks") + np.diag(ee)
-        sigma = scipy.linalg.solve_continuous_lyapunov(
-            h[:, None] * reg.precision, h[:, None] * total * h[None, :]
-        )
-        predicted = predicted + np.diag(sigma)
-        sample_var = sample_var + beta[chain].var(0)
-    ratio = sample_var / predicted
+    beta = idata.posterior["beta"].values.reshape(-1, 5)
+    ratio = beta.var(0) / np.diag(reg.cov)
     assert np.all(np.abs(ratio - 1) < 0.15), f"variance ratios {np.round(ratio, 3)}"
-    # Corollary 6's prediction is not the exact posterior here (10–16% narrower variances)
-    assert np.all(predicted / 2 / np.diag(reg.cov) < 0.95)
+    z = np.abs(beta.mean(0) - reg.mean) / reg.sd
+    assert np.all(z < 0.15), f"mean errors in sds: {np.round(z, 3)}"

@@ -57,8 +57,8 @@ class Measurement:
     """``N·C`` (``(D, D)`` or ``(D,)``), for the report of how far the Fisher identity
     ``A = N C`` holds; None where not measured."""
     stability: float | None = None
-    """``λmax(P H)`` for the current preconditioner ``P`` when measured on the device (the
-    diagonal fallback); None to compute it on the host from ``curvature``."""
+    """``λmax(A⁻¹ H)`` for the measured diagonal ``A`` (the diagonal fallback, measured on the
+    device by power iteration); None to compute it on the host from a dense ``curvature``."""
 
 
 @dataclass(frozen=True)
@@ -91,10 +91,20 @@ class Tuner:
         Tuning draws spent reaching the mode.
     """
 
-    def __init__(self, rule: Callable[..., Rates], search_draws: int, exact: bool = False) -> None:
+    def __init__(
+        self,
+        rule: Callable[..., Rates],
+        search_draws: int,
+        exact: bool = False,
+        follow: bool = False,
+    ) -> None:
         self.rule = rule
         self.search_draws = int(search_draws)
         self.exact = exact  # a Metropolis-adjusted chain: no stability cap on its step
+        # Variational EM moves the prior between draws: the curvature is then the latest
+        # measurement's, measured at every tuning draw (an average over past draws lags behind
+        # and under-injects noise, which shrinks the draws and pushes a precision up).
+        self.follow = follow
         self.init()
 
     # -- the interface -------------------------------------------------------------------------
@@ -120,7 +130,7 @@ class Tuner:
         if not tuning:
             return self.current is None
         k = self.draws - self.search_draws
-        if k < MEASURE_EVERY_FIRST:
+        if k < MEASURE_EVERY_FIRST or self.follow:
             return True
         return k >= MEASURE_GROWTH * self._last_measured
 
@@ -139,7 +149,10 @@ class Tuner:
             if tuning:
                 self._last_measured = self.draws - self.search_draws
             self.measurements += 1
-            whitening = Whitening.from_curvature(self.curvature.update(measurement.curvature))
+            averaged = self.curvature.update(measurement.curvature)
+            whitening = Whitening.from_curvature(
+                measurement.curvature if self.follow else averaged
+            )
             noise = self.noise.update(measurement.noise)
             if measurement.fisher is not None:
                 self.fisher.update(measurement.fisher)
@@ -194,7 +207,7 @@ class Tuner:
         stiffest = 1.0
         if measurement is not None:
             if measurement.stability is not None:
-                stiffest = float(measurement.stability) / max(self._step_of(self.current), 1e-300)
+                stiffest = float(measurement.stability)
             else:
                 stiffest = largest_eigenvalue(whitening.to_whitened(measurement.curvature))
         self._stiffest = max(stiffest, 1e-300)
@@ -225,6 +238,3 @@ class Tuner:
         report["noise_share"] = rates.noise_share
         return Tuned(whitening, rates, precond, factor, tuned.searching, report)
 
-    @staticmethod
-    def _step_of(tuned: Tuned | None) -> float:
-        return 1.0 if tuned is None or tuned.rates is None else tuned.rates.step_size

@@ -109,8 +109,11 @@ class Whitening:
         with a dense whitening is taken as ``diag(M)``."""
         matrix = np.asarray(matrix, dtype=np.float64)
         if self.vectors is None:
-            diag = np.diag(matrix) if matrix.ndim == 2 else matrix
-            return diag / self.eigenvalues
+            root = 1.0 / np.sqrt(self.eigenvalues)
+            if matrix.ndim == 2:  # a dense covariance in a diagonal whitening stays dense
+                out = root[:, None] * matrix * root[None, :]
+                return 0.5 * (out + out.T)
+            return matrix / self.eigenvalues
         if matrix.ndim == 1:
             matrix = np.diag(matrix)
         lt = self.factor()
@@ -122,13 +125,17 @@ class Whitening:
         is ``Q`` in ``z`` (``(D, D)``, or ``(D,)`` with a diagonal whitening)."""
         root = psd_sqrt(whitened_cov)
         if self.vectors is None:
-            return root / np.sqrt(self.eigenvalues)
+            scale = 1.0 / np.sqrt(self.eigenvalues)
+            return scale[:, None] * root if root.ndim == 2 else scale * root
         return self.factor() @ root
 
     def metric_from_whitened(self, whitened_cov: np.ndarray) -> np.ndarray:
         """``L Q Lᵀ`` (θ units) of a ``z`` covariance ``Q``."""
         q = np.asarray(whitened_cov, dtype=np.float64)
         if self.vectors is None:
+            scale = 1.0 / np.sqrt(self.eigenvalues)
+            if q.ndim == 2:
+                return scale[:, None] * q * scale[None, :]
             return q / self.eigenvalues
         lt = self.factor()
         if q.ndim == 1:
