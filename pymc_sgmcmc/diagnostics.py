@@ -104,7 +104,7 @@ def check_indices(sizes: Sequence[int], limit: int = MAX_CHECKED) -> np.ndarray:
 
 
 def predicted_sd_ratio(
-    step_size: float,
+    preconditioner: np.ndarray,
     injected: np.ndarray,
     whitening: Any,
     curvature: np.ndarray,
@@ -113,7 +113,7 @@ def predicted_sd_ratio(
 ) -> np.ndarray:
     r"""Per-parameter sd of the stationary chain (or of IASG's window means, ``window``) on a
     Gaussian with curvature ``curvature`` and gradient-noise covariance ``noise`` (θ units),
-    for the frozen step ``h`` and injected noise ``Q`` (whitened), over the sd of
+    for the frozen whitened preconditioner ``P_z`` and injected noise ``Q``, over the sd of
     ``curvature⁻¹``. Dense whitening only (else None)."""
     from scipy.linalg import solve_discrete_lyapunov
 
@@ -122,9 +122,10 @@ def predicted_sd_ratio(
     a_z = whitening.to_whitened(curvature)
     s_z = whitening.to_whitened(noise)
     q = np.diag(injected) if np.ndim(injected) == 1 else np.asarray(injected)
+    p = np.diag(preconditioner) if np.ndim(preconditioner) == 1 else np.asarray(preconditioner)
     d = a_z.shape[0]
-    f = np.eye(d) - step_size * a_z
-    v = step_size**2 * s_z + q
+    f = np.eye(d) - p @ a_z
+    v = p @ s_z @ p.T + q
     sigma = solve_discrete_lyapunov(f, v)
     if window is not None and window > 1:
         # Variance of the mean of W consecutive iterates of the VAR(1).
@@ -314,7 +315,7 @@ def run_checks(idata: Any, entries: list[dict], warn: bool = True) -> dict[str, 
             if stats.get("stein_flagged"):
                 found = {
                     n: f"variance ratio {stats['stein_ratio'][n]:.2f}, mean off by "
-                    f"{-stats['mean_shift_sd'][n]:+.2f} sd"
+                    f"{stats['mean_shift_sd'][n]:+.2f} sd"
                     for n in stats["stein_flagged"]
                 }
                 messages.append(

@@ -218,11 +218,12 @@ class SGFS(ConstantSGD):
         tuned = self.tuned
         if tuned is None:
             return scale @ scale.T if scale.ndim == 2 else scale**2
-        inverse = tuned.whitening.precision() / tuned.step_size
-        if scale.ndim == 2:
-            root = inverse @ scale
+        precond = np.asarray(tuned.preconditioner, dtype=np.float64)
+        if precond.ndim == 2 or scale.ndim == 2:
+            full = precond if precond.ndim == 2 else np.diag(precond)
+            root = np.linalg.solve(full, scale if scale.ndim == 2 else np.diag(scale))
             return root @ root.T
-        return (inverse * scale) ** 2
+        return (scale / precond) ** 2
 
     def settings(self) -> dict[str, Any]:
         injected = self.injected_noise()

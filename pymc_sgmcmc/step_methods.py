@@ -64,7 +64,7 @@ FULL_BATCH_MAX_ROWS = 4096
 """Up to this many rows the default minibatch is the whole data set (see default_batch_size)."""
 MALA_THIN = 4  # MALA iterations per saved draw by default (full batch)
 EXACT_DIAG_MAX_DIM = 64
-SEARCH_TRUST = 10.0  # the longest Newton step of the search, in posterior sds
+SEARCH_TRUST = 1000.0  # the longest Newton step of the search, in posterior sds
 SEARCH_LOG_STEP = 2.0  # ... and in the unconstrained value of a transformed variable
 MAX_RELAXATION_CHECK_DIM = 400  # IASG's end-of-tuning check of its slowest direction
 NOISE_REPEATS = 16  # ELBO gradients whose covariance is the noise estimate with local_vars
@@ -1484,9 +1484,11 @@ class SGMCMCStep(BlockedStep):
         when ``N ≤ 16 384``), from ``position``.
 
         Each step is ``δ = −|H|⁻¹ ∇U`` (``|H|``: the Hessian with its eigenvalues in absolute
-        value — a descent direction where the potential is not convex), at most
-        ``SEARCH_TRUST`` posterior sds long in the metric of ``|H|``, then halved until the
-        block's potential decreases enough (Armijo). Natural units make this necessary: the
+        value — a descent direction where the potential is not convex), with the components of
+        transformed variables clipped (below), at most ``SEARCH_TRUST`` posterior sds long in
+        the metric of ``|H|`` (a guard against directions of near-zero curvature; far from
+        the mode a Newton step is hundreds of local sds long and must be taken whole), then
+        halved until the block's potential decreases enough (Armijo). Natural units make this necessary: the
         curvature at the initial point can be ten orders of magnitude from one coordinate to
         another, and a fixed-step descent there either crawls or overshoots. It stops when
         the Newton decrement ``∇Uᵀ|H|⁻¹∇U`` (the squared distance to the block's mode in
@@ -1683,6 +1685,7 @@ class SGMCMCStep(BlockedStep):
         out: dict[str, Any] = {
             "whitening": self.whitening_kind,
             "whitened_step_size": tuned.step_size,
+            "whitened_step_size_min": float(tuned.rates.steps.min()),
             "mala": bool(self.exact),
             **report,
         }
@@ -1795,7 +1798,7 @@ class SGMCMCStep(BlockedStep):
             window = self.window if isinstance(self, IASG) else None
             try:
                 ratio = predicted_sd_ratio(
-                    tuned.step_size,
+                    tuned.rates.preconditioner(),
                     tuned.rates.injected,
                     tuned.whitening,
                     tuner.curvature.value,
@@ -1903,7 +1906,8 @@ class SGMCMCStep(BlockedStep):
         if self.exact:
             assert self._mala is not None
             h = self._mala.current * min(cap, 1.0)
-            return Rates(h, np.zeros_like(noise_z), 2.0 * h, 0.0, 1.0)
+            dim = noise_z.shape[0]
+            return Rates(h, np.full(dim, h), None, np.zeros_like(noise_z), 0.0, 1.0)
         return self._rates(noise_z, cap, whitening)
 
     def _rates(self, noise_z: np.ndarray, cap: float, whitening: Any) -> Rates:
@@ -2022,8 +2026,11 @@ class _PreconditionedSGD(SGMCMCStep):
             # Robbins–Monro steps in Newton units: ρ_k g / h with h the potential's curvature
             # along each hyper coordinate (from the tuning measurements), so ρ_k ≤ 1 is a
             # damped EM fixed-point step whatever the hyperparameter's scale; k counts draws.
-            searching = self.tuned is None or self.tuned.searching
-            on = self.tune and not searching
+            # ... and for the first search_draws tuning draws, while the chain spreads out
+            # from the mode the search left it at: an EM step from draws without their spread
+            # would send a precision up (and the draws would then shrink further).
+            burning_in = self.tuner is None or self.tuner.draws < self.search_draws
+            on = self.tune and not burning_in
             schedule = self._hyper_schedule()
             rate = float(schedule(iteration // self.thin)) if on and schedule else 0.0
             curvature = self._hyper_curvature.value
@@ -2248,10 +2255,14 @@ class ConstantSGD(_PreconditionedSGD):
 
     def _rates(self, noise_z: np.ndarray, cap: float, whitening: Any) -> Rates:
         # All the noise the minibatch can give (share 1): the largest step whose gradient
-        # noise fits the budget, the rest injected (pymc_sgmcmc.tuning.rates).
+        # noise fits the budget, the rest injected (pymc_sgmcmc.tuning.rates). Above
+        # DENSE_MAX_DIM only the noise's diagonal is measured: its correlations (strong in a
+        # softmax's classes) then go uncorrected, so the minibatch may give only a quarter of
+        # the noise (the draws' variances then err by at most a quarter of that mismatch).
+        share = 1.0
         return langevin_rule(
             noise_z,
-            noise_share=1.0,
+            noise_share=share,
             step_cap=min(cap, CONSTANT_SGD_STEP_CAP),
             temperature=self.temperature,
             momentum=self.momentum,
@@ -2584,10 +2595,11 @@ class SGLD(SGMCMCStep):
             # a schedule scales both in the kernel).
             eps = float(self.schedule(0)) if self.schedule is not None else 1.0
             h = 0.5 * eps
-            injected = self.temperature * eps * np.ones_like(noise_z)
+            dim = noise_z.shape[0]
+            injected = self.temperature * eps * np.ones(dim)
             if noise_z.ndim == 2:
-                injected = self.temperature * eps * np.eye(noise_z.shape[0])
-            return Rates(h, injected, self.temperature * eps, 0.0, 1.0)
+                injected = self.temperature * eps * np.eye(dim)
+            return Rates(h, np.full(dim, h), None, injected, 0.0, 1.0)
         return langevin_rule(
             noise_z,
             noise_share=min(1.0, 5.0 * self.target_bias),
@@ -2655,16 +2667,19 @@ class SGLD(SGMCMCStep):
         assert tuned is not None
         whitening = tuned.whitening
         if self.auto_step_size:
-            # ε = 2h, G = A⁻¹ and √(εT)·S = R: the kernel's noise is the tuned injection.
+            # ε = 2 h_max, G = P / h_max and √(εT)·S = R: the kernel's drift is P ∇log p̂
+            # and its noise the tuned injection.
             eps = 2.0 * tuned.step_size
+            precond = np.asarray(tuned.preconditioner) / tuned.step_size
             root = np.asarray(tuned.noise_factor) / np.sqrt(eps * self.temperature)
         else:
             eps = float(self.schedule(0)) * self._shrink if self.schedule is not None else 1.0
+            precond = whitening.covariance()
             root = whitening.factor()
         return {
             "step_size": np.asarray(eps, dtype=dtype),
             "shrink": np.asarray(self._shrink, dtype=dtype),
-            "precond": np.asarray(whitening.covariance(), dtype=dtype),
+            "precond": np.asarray(precond, dtype=dtype),
             "precond_sqrt": np.asarray(root, dtype=dtype),
         }
 

@@ -23,8 +23,9 @@ def _stationary(step, injected, whitening, curvature, noise):
     """Stationary covariance (θ units) of θ ← θ − h A⁻¹(∇U + e) + L ξ on a Gaussian target."""
     a_z = whitening.to_whitened(curvature)
     s_z = whitening.to_whitened(noise)
-    f = np.eye(a_z.shape[0]) - step * a_z
-    sigma_z = solve_discrete_lyapunov(f, step**2 * s_z + injected)
+    p = step if np.ndim(step) == 2 else step * np.eye(a_z.shape[0])
+    f = np.eye(a_z.shape[0]) - p @ a_z
+    sigma_z = solve_discrete_lyapunov(f, p @ s_z @ p.T + injected)
     lt = whitening.factor()
     return lt @ sigma_z @ lt.T
 
@@ -49,7 +50,7 @@ def test_langevin_rule_gives_the_posterior_covariance_exactly(share, case):
     rates = langevin_rule(
         whitening.to_whitened(noise), noise_share=share, step_cap=0.25, temperature=1.0
     )
-    sigma = _stationary(rates.step_size, rates.injected, whitening, curvature, noise)
+    sigma = _stationary(rates.preconditioner(), rates.injected, whitening, curvature, noise)
     target = np.linalg.inv(curvature)
     sd_ratio = np.sqrt(np.diag(sigma) / np.diag(target))
     np.testing.assert_allclose(sd_ratio, 1.0, rtol=1e-6)
@@ -57,6 +58,14 @@ def test_langevin_rule_gives_the_posterior_covariance_exactly(share, case):
     assert rates.noise_share <= share + 1e-12
     if case == "full_batch":
         assert rates.step_size == pytest.approx(0.25)  # the cap: no noise to limit it
+        np.testing.assert_allclose(rates.steps, 0.25)
+    if case == "prior_only_direction":
+        # the direction only the prior informs takes the capped step, the others the noise's
+        assert rates.steps.max() == pytest.approx(0.25)
+        assert rates.steps.min() < 0.01
+    if case == "overdispersed_data" and share == 1.0:
+        # over-dispersed data: smaller steps (3x the noise), not wider draws
+        np.testing.assert_allclose(rates.steps.max(), 2 / (3 * n / b * 1.0 + 1), rtol=0.02)
 
 
 def test_langevin_rule_with_momentum_and_temperature():
@@ -90,19 +99,24 @@ def test_noise_budget_without_momentum_is_the_ar1_formula():
         assert noise_budget(h, momentum=1.0) == pytest.approx(h * (2 - h))
 
 
+@pytest.mark.parametrize("dispersion", [1.0, 3.0])
 @pytest.mark.parametrize("target", [10.0, 49.0, 390.0])
-def test_iasg_window_mean_has_the_posterior_variance(target):
+def test_iasg_window_mean_has_the_posterior_variance(target, dispersion):
+    """In the Fisher regime (S_z = N/B) nothing is injected but where the window is an
+    integer; with data over-dispersed 3x the step shrinks along the noisy directions until the
+    window's relaxation (W_eff ≈ W + 1/h) covers their noise: never wider draws."""
     d = 3
     curvature = _spd(d, 2, cond=1e8)
     n_over_b = target
-    noise = n_over_b * curvature  # Fisher regime: S_z = N/B
+    noise = dispersion * n_over_b * curvature  # S_z = dispersion · N/B
     whitening = Whitening.from_curvature(curvature)
     h = min(0.5, 3.0 / target)
     window = iasg_window(target, h)
     rates = iasg_rule(whitening.to_whitened(noise), step_size=h, window=window)
     a_z = whitening.to_whitened(curvature)
-    f = np.eye(d) - h * a_z
-    sigma = solve_discrete_lyapunov(f, h**2 * whitening.to_whitened(noise) + rates.injected)
+    p = rates.preconditioner()
+    f = np.eye(d) - p @ a_z
+    sigma = solve_discrete_lyapunov(f, p @ whitening.to_whitened(noise) @ p + rates.injected)
     acc, power = np.zeros((d, d)), np.eye(d)
     for k in range(1, window):
         power = power @ f
@@ -113,7 +127,9 @@ def test_iasg_window_mean_has_the_posterior_variance(target):
     # length (W_eff ≥ N/B) is made up by injected noise.
     np.testing.assert_allclose(mean_cov, np.eye(d), atol=1e-8)
     assert effective_window(window, h) >= target
-    assert rates.overdispersion == 1.0
+    assert rates.overdispersion == pytest.approx(1.0)
+    if dispersion > 1:
+        assert rates.steps.max() < h
 
 
 def test_whitening_handles_natural_units_and_a_diagonal_fallback():

@@ -95,11 +95,12 @@ def test_tuned_h_obeys_h_max_and_the_injected_noise_is_what_the_budget_misses(d4
         rates = SGFS(batch_size=b, h_max=h_max, preconditioner=kind)._rates(s_z, 1.0, whitening)
     assert (rates.step_size * diag).max() == pytest.approx(h_max)  # the bound binds
     assert rates.step_size == pytest.approx(0.5 * free.step_size)
-    # what the budget misses is injected: h²S + Q = h(2 − h) I in whitened coordinates
-    total = rates.step_size**2 * s_z + rates.injected
-    np.testing.assert_allclose(
-        total, rates.step_size * (2 - rates.step_size) * np.eye(4), atol=1e-9
-    )
+    # what the budget misses is injected: P S P + Q = h_j(2 − h_j) along each direction j of
+    # S in whitened coordinates (one h for all when S is isotropic there)
+    p = rates.preconditioner()
+    basis, steps = rates.basis, rates.steps
+    expected = (basis * (steps * (2 - steps))) @ basis.T
+    np.testing.assert_allclose(p @ s_z @ p + rates.injected, expected, atol=1e-9)
 
 
 def test_arguments_are_checked(d4_model):

@@ -63,19 +63,29 @@ __all__ = [
 
 
 class Rates(NamedTuple):
-    """A tuned step in whitened coordinates."""
+    """A tuned step in whitened coordinates: a step ``h_j`` along each eigendirection of the
+    gradient-noise covariance ``S`` (its eigenvectors ``basis``; None when ``S`` is a
+    diagonal: the coordinates), and the injected noise."""
 
     step_size: float
-    """``h``: the preconditioner is ``h A⁻¹``."""
+    """The largest ``h_j`` (the step along directions with little gradient noise)."""
+    steps: np.ndarray
+    """``(D,)`` the step along each direction of ``basis``."""
+    basis: np.ndarray | None
     injected: np.ndarray
     """``Q``: covariance (in ``z``) of the Gaussian noise added to every iteration."""
-    budget: float
-    """The noise variance per coordinate the target needs (see the module docstring)."""
     noise_share: float
-    """Largest share of the budget that the gradient noise supplies (``h² λmax(S) / budget``)."""
+    """Largest share of a direction's noise budget that the gradient noise supplies."""
     overdispersion: float
-    """``max(1, h² λmax(S) / budget)``: above 1, the gradient noise alone exceeds what the
-    target allows and the draws are too wide along that direction by about this factor."""
+    """``max(1, h² s / budget)`` over the directions: above 1, the gradient noise alone
+    exceeds what the target allows and the draws are too wide along it by about this factor
+    (only where a step cannot shrink, e.g. a fixed user step)."""
+
+    def preconditioner(self) -> np.ndarray:
+        """``P_z``: ``(D, D)``, or ``(D,)`` along the coordinates."""
+        if self.basis is None:
+            return self.steps.copy()
+        return (self.basis * self.steps) @ self.basis.T
 
 
 def largest_eigenvalue(matrix: np.ndarray) -> float:
@@ -85,6 +95,14 @@ def largest_eigenvalue(matrix: np.ndarray) -> float:
     if matrix.ndim == 1:
         return float(matrix.max())
     return float(np.linalg.eigvalsh(0.5 * (matrix + matrix.T))[-1])
+
+
+def _spectrum(noise: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    noise = np.asarray(noise, dtype=np.float64)
+    if noise.ndim == 1:
+        return np.maximum(noise, 0.0), None
+    w, v = np.linalg.eigh(0.5 * (noise + noise.T))
+    return np.maximum(w, 0.0), v
 
 
 def noise_budget(step_size: float, momentum: float | None = None, temperature: float = 1.0) -> float:
@@ -117,20 +135,26 @@ def langevin_rule(
     temperature: float = 1.0,
     momentum: float | None = None,
 ) -> Rates:
-    r"""The largest ``h ≤ step_cap`` whose gradient noise ``h²S`` is at most ``noise_share`` of
-    the budget, and the noise ``Q`` to inject (module docstring).
+    r"""Along each eigendirection ``j`` of ``S`` (eigenvalue ``s_j``), the largest
+    ``h_j ≤ step_cap`` whose gradient noise ``h_j² s_j`` is at most ``noise_share`` of the
+    budget, and the noise ``Q`` to inject (module docstring).
 
-    ``noise`` is ``S`` in ``z``: ``(D, D)`` or a ``(D,)`` diagonal. Without momentum the step is
-    in closed form, :math:`h = 2sT/(\lambda + sT)` (from :math:`h^2\lambda = sTh(2-h)`); with
-    momentum it is found by bisection on :func:`noise_budget`."""
+    With unit curvature the directions decouple, so each can take its own step: Mandt et al.'s
+    full KL-optimal preconditioner (Theorem 2) is this with ``P_z ∝ S⁻¹``. A direction the
+    data over-disperse gets a smaller step, one only the prior informs (``s_j = 0``) the cap.
+    Without momentum the step is in closed form, :math:`h_j = 2sT/(s_j + sT)` (from
+    :math:`h^2 s_j = sTh(2-h)`); with momentum one step for all directions is found by
+    bisection on :func:`noise_budget`."""
     if not 0.0 < noise_share <= 1.0:
         raise ValueError(f"noise_share must be in (0, 1], got {noise_share!r}")
-    noise = np.asarray(noise, dtype=np.float64)
-    lam = max(largest_eigenvalue(noise), 0.0)
+    values, basis = _spectrum(noise)
     s, t = float(noise_share), float(temperature)
     if momentum is None:
-        h = step_cap if lam == 0.0 else min(step_cap, 2.0 * s * t / (lam + s * t))
+        steps = np.minimum(step_cap, 2.0 * s * t / (values + s * t))
+        budgets = t * steps * (2.0 - steps)
     else:
+        lam = float(values.max(initial=0.0))
+
         def fits(h: float) -> bool:
             try:
                 return h * h * lam <= s * noise_budget(h, momentum, t)
@@ -144,12 +168,12 @@ def langevin_rule(
             for _ in range(60):
                 mid = 0.5 * (lo + hi)
                 lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-        h = lo
-    budget = noise_budget(h, momentum, t)
-    return _rates(h, noise, lam, budget)
+        steps = np.full_like(values, lo)
+        budgets = np.full_like(values, noise_budget(lo, momentum, t))
+    return _rates(steps, values, basis, budgets)
 
 
-def effective_window(window: int, step_size: float) -> float:
+def effective_window(window: int, step_size: float | np.ndarray) -> float | np.ndarray:
     r"""``W_eff``: the mean of ``W`` consecutive stationary AR(1) iterates with coefficient
     :math:`\rho = 1-h` has the variance of :math:`W_{eff}` independent draws of the long-run
     variance :math:`\operatorname{Var}\epsilon/h^2`:
@@ -161,10 +185,11 @@ def effective_window(window: int, step_size: float) -> float:
 
     larger than ``W`` because a finite window does not see the correlations reaching outside
     it."""
-    rho = 1.0 - float(step_size)
+    rho = 1.0 - np.asarray(step_size, dtype=np.float64)
     w = float(window)
     deficit = 2.0 * rho * (1.0 - rho**w) / (w * (1.0 - rho) * (1.0 + rho))
-    return w / max(1.0 - deficit, 1e-12)
+    out = w / np.maximum(1.0 - deficit, 1e-12)
+    return float(out) if np.ndim(out) == 0 else out
 
 
 def iasg_window(target: float, step_size: float) -> int:
@@ -179,21 +204,38 @@ def iasg_window(target: float, step_size: float) -> int:
 def iasg_rule(
     noise: np.ndarray, *, step_size: float, window: int, temperature: float = 1.0
 ) -> Rates:
-    """IASG: the step ``h`` is given; the noise a window of ``window`` iterates needs is
-    ``T h² W_eff`` per coordinate (module docstring)."""
-    noise = np.asarray(noise, dtype=np.float64)
-    lam = max(largest_eigenvalue(noise), 0.0)
-    h = float(step_size)
-    budget = temperature * h * h * effective_window(window, h)
-    return _rates(h, noise, lam, budget)
+    """IASG: the step ``h`` along every direction whose gradient noise fits the window's
+    budget ``T h² W_eff``; along a direction the data over-disperse (``s_j > T·W_eff``) a
+    smaller step, whose longer relaxation raises ``W_eff`` to ``s_j/T`` (module docstring)."""
+    values, basis = _spectrum(noise)
+    t = float(temperature)
+    steps = np.full_like(values, float(step_size))
+    over = t * effective_window(window, step_size) < values
+    for j in np.nonzero(over)[0]:
+        lo, hi = 0.0, float(step_size)  # W_eff grows as h shrinks (≈ W + 1/h)
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            if mid > 0 and t * effective_window(window, mid) >= values[j]:
+                lo = mid
+            else:
+                hi = mid
+        steps[j] = max(lo, 1e-12)
+    budgets = t * steps**2 * effective_window(window, steps)
+    return _rates(steps, values, basis, budgets)
 
 
-def _rates(h: float, noise: np.ndarray, lam: float, budget: float) -> Rates:
-    gradient = h * h * noise
-    if noise.ndim == 1:
-        injected = np.maximum(budget - gradient, 0.0)
-    else:
-        w, v = np.linalg.eigh(0.5 * (gradient + gradient.T))
-        injected = (v * np.maximum(budget - w, 0.0)) @ v.T
-    share = h * h * lam / budget if budget > 0 else 0.0
-    return Rates(float(h), injected, float(budget), float(share), float(max(1.0, share)))
+def _rates(
+    steps: np.ndarray, values: np.ndarray, basis: np.ndarray | None, budgets: np.ndarray
+) -> Rates:
+    gradient = steps**2 * values
+    injected_diag = np.maximum(budgets - gradient, 0.0)
+    injected = injected_diag if basis is None else (basis * injected_diag) @ basis.T
+    share = gradient / np.maximum(budgets, 1e-300)
+    return Rates(
+        float(steps.max(initial=0.0)),
+        steps,
+        basis,
+        injected,
+        float(share.max(initial=0.0)),
+        float(max(1.0, share.max(initial=0.0))),
+    )

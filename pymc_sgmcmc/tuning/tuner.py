@@ -68,7 +68,7 @@ class Tuned:
     whitening: Whitening
     rates: Rates
     preconditioner: np.ndarray
-    """``P = h A⁻¹``: ``(D, D)`` or ``(D,)``."""
+    """``P = L P_z Lᵀ`` (``h A⁻¹`` with one step ``h``): ``(D, D)`` or ``(D,)``."""
     noise_factor: np.ndarray
     """``R`` with ``R Rᵀ = L Q Lᵀ``: the θ-space factor of the injected noise."""
     searching: bool
@@ -226,12 +226,12 @@ class Tuner:
         if tuned.searching:
             h = min(SEARCH_STEP, cap)
             s_z = self._noise_z
-            zero = np.zeros_like(s_z)
-            rates = Rates(h, zero, 0.0, 0.0, 1.0)
+            dim = s_z.shape[0]
+            rates = Rates(h, np.full(dim, h), None, np.zeros_like(s_z), 0.0, 1.0)
         else:
             rates = self.rule(self._noise_z, cap=cap, whitening=tuned.whitening)
         whitening = tuned.whitening
-        precond = rates.step_size * whitening.covariance()
+        precond = whitening.metric_from_whitened(rates.preconditioner())
         factor = whitening.position_noise_factor(rates.injected)
         report = dict(tuned.report)
         report["overdispersion"] = rates.overdispersion

@@ -9,7 +9,7 @@ identity ``A = N C`` — is then wrong by as much. In ``z`` the posterior is clo
 rescaled or shifted predictor leaves ``z`` unchanged (up to the estimation noise of ``A``).
 
 ``A`` is kept as an eigendecomposition :math:`A = V \operatorname{diag}(w) V^\top` (dense, up to
-:data:`DENSE_MAX_DIM` dimensions) or as its diagonal (the fallback above it, where a ``D × D``
+:data:`DENSE_MAX_DIM` = 500 dimensions) or as its diagonal (the fallback above it, where a ``D × D``
 matrix would not fit or cost ``O(D^3)`` per retune; correlations between coordinates are then
 not whitened, and a strongly coupled direction relaxes more slowly). :math:`L = V
 \operatorname{diag}(w^{-1/2})`, so the coordinates of ``z`` are ``A``'s eigendirections: a
@@ -28,9 +28,9 @@ import numpy as np
 
 __all__ = ["DENSE_MAX_DIM", "FLOOR", "Whitening", "psd_sqrt"]
 
-DENSE_MAX_DIM = 1000
-"""Up to this many dimensions the whitening is dense (a ``D × D`` curvature, 8 MB at 1000);
-above it, diagonal."""
+DENSE_MAX_DIM = 500
+"""Up to this many dimensions the whitening is dense (a ``D × D`` curvature: 2 MB, and an
+``O(D³)`` eigendecomposition of ~15 ms per retune at 500); above it, diagonal."""
 
 FLOOR = 1e-14
 """Relative floor of the curvature's eigenvalues: natural-units posteriors reach condition

@@ -1,0 +1,97 @@
+"""The self-check (pymc_sgmcmc.diagnostics): it fires on deliberately mis-tuned runs, names the
+parameters, records its report in the attrs, and stays quiet on correct runs.
+
+The mis-tuned runs are classic samplers with a user's step, whose variance errors are
+predictable: SGLD's uncorrected minibatch noise inflates the variances by about
+``1 + ε N² C / (4B)`` (Mandt et al. 2017, §5.1), and a step of 10⁻¹² does not move.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pymc as pm
+import pytest
+from conftest import make_regression
+
+import pymc_sgmcmc as pmsg
+from pymc_sgmcmc.diagnostics import SGMCMCCheckWarning, check_draws
+
+SAMPLE = dict(chains=2, cores=1, random_seed=5, progressbar=False, compute_convergence_checks=False)
+
+
+@pytest.fixture(scope="module")
+def regression():
+    return make_regression(8000, 3, seed=4)
+
+
+def _report(idata):
+    return json.loads(idata.sample_stats.attrs["sgmcmc_diagnostics"])
+
+
+def test_a_chain_that_does_not_move_is_named(regression):
+    with regression.model():
+        with pytest.warns(
+            SGMCMCCheckWarning, match=r"barely move along beta\[0\].*step_size=.*1e-12"
+        ):
+            idata = pm.sample(
+                step=pmsg.SGLD(step_size=1e-12, preconditioner=None), draws=100, tune=20, **SAMPLE
+            )
+    report = _report(idata)
+    assert not report["ok"]
+    assert set(report["stuck"]) == {"beta[0]", "beta[1]", "beta[2]"}
+    assert report["relaxation_passes_max"] > 1e6
+    assert "sgmcmc_check" not in idata.sample_stats  # moved into the attrs
+
+
+def test_draws_too_wide_fail_steins_identity(regression):
+    """ε = 4·10⁻⁵ with B = 256 of N = 8000 rows: the minibatch noise N²C/B ≈ 2.5·10⁵ inflates
+    the variances by ≈ 1 + ε·2.5·10⁵/4 ≈ 3.5 (measured below); the check reads the ratio
+    off Stein's identity without knowing the posterior."""
+    with regression.model():
+        with pytest.warns(SGMCMCCheckWarning, match=r"Stein's identity fails for beta\["):
+            idata = pm.sample(
+                step=pmsg.SGLD(step_size=4e-5, preconditioner=None), draws=600, tune=100, **SAMPLE
+            )
+    beta = idata.posterior["beta"].values.reshape(-1, 3)
+    measured = beta.var(0) / np.diag(regression.cov)
+    report = _report(idata)
+    estimated = np.array([report["stein_ratio"][f"beta[{k}]"] for k in range(3)])
+    assert np.all(measured > 2.0), measured
+    # the estimate follows the measured ratio (within its Monte Carlo error and the
+    # non-Gaussian shape of an inflated chain's law)
+    np.testing.assert_allclose(estimated, measured, rtol=0.35)
+
+
+def test_correct_runs_pass_quietly(regression):
+    with regression.model(), warnings.catch_warnings():
+        warnings.simplefilter("error", SGMCMCCheckWarning)
+        for step in (pmsg.IASG(), pmsg.SGLD(batch_size=8000)):
+            idata = pm.sample(step=step, draws=400, tune=200, **SAMPLE)
+            report = _report(idata)
+            assert report["ok"]
+            ratios = np.array(list(report["stein_ratio"].values()))
+            ses = np.array(list(report["stein_se"].values()))
+            assert np.all(np.abs(ratios - 1) < 0.2 + 4 * ses), (ratios, ses)
+
+
+def test_check_draws_statistics_on_known_draws():
+    """Exact Gaussian draws with A⁻¹ = I: Stein ratio ≈ 1; the same draws scaled by 1.5 (variance
+    2.25×) flagged, a mean shift of 0.5 sd flagged, independent draws move."""
+    rng = np.random.default_rng(0)
+    theta = rng.normal(size=(2, 2000, 3))
+    grad = -theta  # ∇log p of N(0, I), M = I
+    names = ["x[0]", "x[1]", "x[2]"]
+    ok = check_draws(theta, grad, np.ones(3), names, passes_per_draw=1.0)
+    assert not ok["stein_flagged"] and not ok["stuck"]
+    assert all(abs(v - 1) < 0.1 for v in ok["stein_ratio"].values())
+    wide = check_draws(1.5 * theta, -1.5 * theta, np.ones(3), names, 1.0)
+    assert wide["stein_flagged"] == names
+    assert all(abs(v - 2.25) < 0.25 for v in wide["stein_ratio"].values())
+    shifted = check_draws(theta + 0.5, -(theta + 0.5), np.ones(3), names, 1.0)
+    assert shifted["stein_flagged"] == names
+    assert all(abs(v - 0.5) < 0.1 for v in shifted["mean_shift_sd"].values())
+    still = np.repeat(theta[:, :1], 2000, axis=1) + 1e-9 * theta
+    assert check_draws(still, -still, np.ones(3), names, 1.0)["stuck"] == names
