@@ -201,7 +201,9 @@ def check_draws(
     jumps = np.diff(positions, axis=1) ** 2 / (2.0 * scale)
     movement = jumps.mean(axis=1)  # (chains, k)
     relax_passes = passes_per_draw / np.maximum(movement, 1e-300)
-    stuck = sorted({j for c in range(chains) for j in range(k) if relax_passes[c, j] > MAX_RELAXATION_PASSES})
+    stuck = sorted(
+        {j for c in range(chains) for j in range(k) if relax_passes[c, j] > MAX_RELAXATION_PASSES}
+    )
     # Pooled over the coordinates of each variable (e.g. 386 group effects): more power than
     # any one coordinate, the standard error assuming the coordinates' errors independent.
     pooled: dict[str, tuple[float, float]] = {}
@@ -297,7 +299,9 @@ def run_checks(idata: Any, entries: list[dict], warn: bool = True) -> dict[str, 
                 f"{PREDICTED_SD_TOLERANCE:.0%} for {_shorten(bad)} (predicted sd ratio)"
             )
     overdispersed = [
-        c.get("fisher_ratio_max") for c in chains if isinstance(c, dict) and c.get("fisher_ratio_max")
+        c.get("fisher_ratio_max")
+        for c in chains
+        if isinstance(c, dict) and c.get("fisher_ratio_max")
     ]
     if overdispersed:
         report["fisher_ratio_max"] = float(max(overdispersed))
@@ -306,8 +310,10 @@ def run_checks(idata: Any, entries: list[dict], warn: bool = True) -> dict[str, 
         split = _split_check_stat(check)
         if split is not None:
             positions, gradients = split
-            passes = float(entry.get("thin", 1)) * float(entry.get("batch_size", 1)) / float(
-                max(entry.get("data_size", 1), 1)
+            passes = (
+                float(entry.get("thin", 1))
+                * float(entry.get("batch_size", 1))
+                / float(max(entry.get("data_size", 1), 1))
             )
             cov_diag = np.mean([np.asarray(c["check"]["cov_diag"]) for c in chains], axis=0)
             stats = check_draws(positions, gradients, cov_diag, info["names"], passes)

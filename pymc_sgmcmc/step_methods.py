@@ -42,16 +42,14 @@ from pymc_sgmcmc.schedules import Schedule, as_schedule, polynomial_decay
 from pymc_sgmcmc.sharding import resolve_devices, shard_data, sharded_loglik
 from pymc_sgmcmc.tuning import (
     NoiseEstimate,
-    PreconditionerKind,
     gradient_noise,
-    iasg_window,
     lanczos_extremes,
     sgld_step_size,
 )
 from pymc_sgmcmc.tuning.adaptation import StepSizeAdaptation, initial_mala_step
-from pymc_sgmcmc.tuning.rates import Rates, iasg_rule, langevin_rule
+from pymc_sgmcmc.tuning.rates import Rates, iasg_rule, iasg_window, langevin_rule
 from pymc_sgmcmc.tuning.tuner import Measurement, Tuned, Tuner
-from pymc_sgmcmc.tuning.whitening import DENSE_MAX_DIM
+from pymc_sgmcmc.tuning.whitening import DENSE_MAX_DIM, psd_sqrt
 from pymc_sgmcmc.variational import LOCAL_FAMILIES, Hybrid, HybridState, LocalLayout
 
 __all__ = ["IASG", "SGLD", "ConstantSGD", "SGMCMCStep"]
@@ -59,7 +57,9 @@ __all__ = ["IASG", "SGLD", "ConstantSGD", "SGMCMCStep"]
 DEFAULT_BATCH_SIZE = 256  # the smallest default minibatch (see default_batch_size)
 CONSTANT_SGD_STEP_CAP = 0.25  # whitened units: the discretisation limit on skewed posteriors
 LANGEVIN_STEP_CAP = 0.25
-LANGEVIN_NOISE_SHARE = 0.25  # SGLD, SAGA-LD, SVRG-LD: at most a quarter of the noise is the gradient's
+LANGEVIN_NOISE_SHARE = (
+    0.25  # SGLD, SAGA-LD, SVRG-LD: at most a quarter of the noise is the gradient's
+)
 FULL_BATCH_MAX_ROWS = 4096
 """Up to this many rows the default minibatch is the whole data set (see default_batch_size)."""
 MALA_THIN = 4  # MALA iterations per saved draw by default (full batch)
@@ -915,9 +915,7 @@ class SGMCMCStep(BlockedStep):
                 hess = jax.vmap(lambda v: jax.jvp(grad_u, (position,), (v,))[1])(eye)
                 hess = 0.5 * (hess + hess.T)
                 return hess if dense else jnp.diag(hess)
-            probes = jax.random.rademacher(
-                jax.random.PRNGKey(0), (16, dim), dtype=position.dtype
-            )
+            probes = jax.random.rademacher(jax.random.PRNGKey(0), (16, dim), dtype=position.dtype)
             hvp = jax.vmap(lambda v: jax.jvp(grad_u, (position,), (v,))[1])(probes)
             return jnp.mean(probes * hvp, axis=0)
 
@@ -1247,9 +1245,7 @@ class SGMCMCStep(BlockedStep):
         stats["sgmcmc_tuned"] = ""
         # The self-check's per-draw terms (pymc_sgmcmc.diagnostics), sampling draws only.
         stats["sgmcmc_check"] = (
-            None
-            if self.tune or check is None or not self._check_report
-            else np.asarray(check)
+            None if self.tune or check is None or not self._check_report else np.asarray(check)
         )
         if self.tune or first or not self.chain_settings[-1].get("tuned", False):
             # Tuned values change until the first draw after tuning; keep the latest.
@@ -1518,7 +1514,9 @@ class SGMCMCStep(BlockedStep):
         whitening = None
         for _ in range(SEARCH_ITERATIONS):
             hess = np.asarray(
-                compiled["search_hessian"](jax.numpy.asarray(theta, dtype=dtype), fixed, block, dense)
+                compiled["search_hessian"](
+                    jax.numpy.asarray(theta, dtype=dtype), fixed, block, dense
+                )
             )
             if not np.all(np.isfinite(hess)):
                 break
@@ -1612,6 +1610,7 @@ class SGMCMCStep(BlockedStep):
             # Variational EM: only the sampled coordinates are tuned (hyperparameters get zero
             # rows of P and no noise; see ConstantSGD's hyper_vars).
             self._hyper_curvature.update(np.diag(h) if h.ndim == 2 else h)
+
             def pick(m: np.ndarray) -> np.ndarray:
                 return m[np.ix_(idx, idx)] if m.ndim == 2 else m[idx]
 
@@ -1752,7 +1751,9 @@ class SGMCMCStep(BlockedStep):
             cov = tuned.whitening.covariance()
         else:
             dense = self.whitening_kind == "dense"
-            _, h = self._estimate_noise(state.position, fixed, key, full=dense, full_curvature=dense)
+            _, h = self._estimate_noise(
+                state.position, fixed, key, full=dense, full_curvature=dense
+            )
             from pymc_sgmcmc.tuning.whitening import Whitening
 
             cov = Whitening.from_curvature(h).covariance()
@@ -1945,7 +1946,7 @@ class _PreconditionedSGD(SGMCMCStep):
             raise ValueError(
                 f"preconditioner must be 'auto', 'scalar', 'diagonal' or 'full', got {preconditioner!r}."
             )
-        self.preconditioner: PreconditionerKind = preconditioner  # type: ignore[assignment]
+        self.preconditioner: str = preconditioner
         self.whitening_kind = {"full": "dense", "diagonal": "diagonal", "scalar": "scalar"}[
             preconditioner
         ]
@@ -2423,7 +2424,16 @@ class IASG(_PreconditionedSGD):
             return None
         dtype = self.problem.dtype
         precond = np.asarray(self.precond_value, dtype=np.float64)
-        if not np.all(np.isfinite(precond)) or np.any(precond <= 0) or precond.ndim > 1:
+        if not np.all(np.isfinite(precond)):
+            return None
+        if precond.ndim == 2:
+            # a diagonal or scalar whitening whose per-direction steps follow the (dense)
+            # measured noise: P is dense but not A⁻¹
+            w = np.linalg.eigvalsh(0.5 * (precond + precond.T))
+            if w.min() <= 0:
+                return None
+            root_matrix = psd_sqrt(precond)
+        elif np.any(precond <= 0):
             return None
         compiled = self._compile()
         key, state = self.chain_state
@@ -2431,13 +2441,22 @@ class IASG(_PreconditionedSGD):
         rows = min(self.problem.data_size, max(self._noise_rows, 50 * dim))
         args = (key, state.position, self._last_fixed, self._tuning_data(key, rows))
         local = self._tuning_local()
-        root = np.broadcast_to(np.sqrt(precond), (dim,))
+        if precond.ndim == 2:
+
+            def scale(v: np.ndarray) -> np.ndarray:
+                return root_matrix @ v
+
+        else:
+            root = np.broadcast_to(np.sqrt(precond), (dim,))
+
+            def scale(v: np.ndarray) -> np.ndarray:
+                return root * v
 
         def product(v: np.ndarray) -> np.ndarray:
             hv = compiled["hessian_product"](
-                *args, local, np.asarray(root * v, dtype=dtype), rows=rows
+                *args, local, np.asarray(scale(v), dtype=dtype), rows=rows
             )
-            return root * np.asarray(hv, dtype=np.float64)
+            return scale(np.asarray(hv, dtype=np.float64))
 
         smallest, largest = lanczos_extremes(product, dim)
         if not (np.isfinite(smallest) and np.isfinite(largest)) or smallest <= 1e-9 * largest:

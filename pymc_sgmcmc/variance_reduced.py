@@ -41,7 +41,12 @@ class _VarianceReducedLD(SGLD):
     _supports_locals = False  # per-row gradients of θ that locals drawn afresh make random
 
     def __init__(
-        self, vars: Any = None, *, step_size: Any = "auto", preconditioner: Any = "auto", **kwargs: Any
+        self,
+        vars: Any = None,
+        *,
+        step_size: Any = "auto",
+        preconditioner: Any = "auto",
+        **kwargs: Any,
     ) -> None:
         if preconditioner not in ("auto", "full", "diagonal", None):
             raise ValueError(

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["WindowedMean", "gradient_noise"]
+__all__ = ["NoiseEstimate", "WindowedMean", "gradient_noise"]
 
 
 def gradient_noise(per_example_grads, full: bool = False):
@@ -59,3 +59,6 @@ class WindowedMean:
     def reset(self) -> None:
         self.count, self.window, self.current = 0, 1, None
         self.previous, self.previous_count = None, 0
+
+
+NoiseEstimate = WindowedMean  # the former name (pymc_sgmcmc.tuning.NoiseEstimate)

@@ -59,6 +59,7 @@ __all__ = [
     "langevin_rule",
     "largest_eigenvalue",
     "noise_budget",
+    "sgld_step_size",
 ]
 
 
@@ -105,7 +106,9 @@ def _spectrum(noise: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     return np.maximum(w, 0.0), v
 
 
-def noise_budget(step_size: float, momentum: float | None = None, temperature: float = 1.0) -> float:
+def noise_budget(
+    step_size: float, momentum: float | None = None, temperature: float = 1.0
+) -> float:
     r"""Noise variance per iteration that gives a unit-curvature Gaussian target the stationary
     variance ``temperature``.
 
@@ -239,3 +242,34 @@ def _rates(
         float(share.max(initial=0.0)),
         float(max(1.0, share.max(initial=0.0))),
     )
+
+
+def sgld_step_size(
+    noise_diag: np.ndarray,
+    data_size: int,
+    batch_size: int,
+    rmsprop: bool,
+    target_bias: float,
+    curvature: np.ndarray | None = None,
+) -> float:
+    r"""The largest constant SGLD step whose stationary variance inflation is ``target_bias``.
+
+    For a Gaussian target with per-coordinate curvature :math:`a_k = N C_{kk}` (the Fisher
+    identity, exact for well-specified models near the mode) and minibatch-gradient noise
+    variance :math:`s_k^2 = N^2 C_{kk} / B`, one SGLD step
+    :math:`\theta' = \theta - \tfrac{\epsilon}{2}(a\theta + s\xi_1) + \sqrt{\epsilon}\,\xi_2`
+    has stationary variance :math:`(1 + \epsilon s^2/4) / (a (1 - \epsilon a / 4))`, i.e. a
+    relative inflation of about :math:`\epsilon (s^2 + a)/4` (Mandt et al. 2017, §5.1).
+    Setting that to ``target_bias`` in the worst coordinate gives
+    :math:`\epsilon = 4\delta / \max_k (N^2 C_{kk}/B + N C_{kk})`. With the RMSprop
+    preconditioner :math:`G_k \approx 1/s_k` the inflation is :math:`\epsilon s_k / 4`, so
+    :math:`\epsilon = 4\delta / \max_k s_k`. When the diagonal Hessian of the potential
+    ``curvature`` is given it replaces the Fisher proxy :math:`N C_{kk}` for :math:`a_k`
+    (it also covers directions that only the prior informs).
+    """
+    noise_diag = np.maximum(np.asarray(noise_diag, dtype=np.float64), 1e-300)
+    a = data_size * noise_diag if curvature is None else np.abs(np.asarray(curvature))
+    s2 = data_size**2 * noise_diag / batch_size + a
+    if rmsprop:
+        return float(4.0 * target_bias / np.sqrt(s2).max())
+    return float(4.0 * target_bias / s2.max())

@@ -150,9 +150,7 @@ class Tuner:
                 self._last_measured = self.draws - self.search_draws
             self.measurements += 1
             averaged = self.curvature.update(measurement.curvature)
-            whitening = Whitening.from_curvature(
-                measurement.curvature if self.follow else averaged
-            )
+            whitening = Whitening.from_curvature(measurement.curvature if self.follow else averaged)
             noise = self.noise.update(measurement.noise)
             if measurement.fisher is not None:
                 self.fisher.update(measurement.fisher)
@@ -237,4 +235,3 @@ class Tuner:
         report["overdispersion"] = rates.overdispersion
         report["noise_share"] = rates.noise_share
         return Tuned(whitening, rates, precond, factor, tuned.searching, report)
-
