@@ -101,29 +101,11 @@ def laplace_score(source: str, name: str, size: str, model, reference) -> dict |
 
 
 def verdict(sampler: str, scored: dict, laplace: dict | None) -> dict:
-    """Per-parameter pass/fail with the Monte Carlo allowance (module docstring)."""
-    from scipy.stats import norm
+    """The pass rule (module docstring), shared with the tests: ``posteriors.common.verdict``."""
+    from posteriors.common import verdict as shared
 
-    table = scored["table"]
-    k = len(table)
-    z = float(norm.ppf(1 - FAMILY_WISE / (2 * max(k, 1))))
-    tol_mean, tol_sd = TOLERANCE[sampler in CONSTANT_SGD_FAMILY]
-    failures = []
-    for param, row in table.items():
-        mean_limit = tol_mean + z * row["se_dmean"]
-        sd_limit = tol_sd + z * row["se_sd_ratio"]
-        ok_mean = abs(row["dmean"]) <= mean_limit
-        ok_sd = abs(row["sd_ratio"] - 1) <= sd_limit
-        if (not (ok_mean and ok_sd)) and sampler in CONSTANT_SGD_FAMILY and laplace and "table" in laplace:
-            lap = laplace["table"].get(param)
-            if lap is not None:
-                ok_mean = ok_mean or abs(row["dmean"]) <= abs(lap["dmean"]) + z * row["se_dmean"]
-                ok_sd = ok_sd or abs(row["sd_ratio"] - 1) <= abs(lap["sd_ratio"] - 1) + z * row[
-                    "se_sd_ratio"
-                ]
-        if not (ok_mean and ok_sd):
-            failures.append(param)
-    return {"z": z, "failures": failures, "pass": not failures}
+    out = shared(sampler, scored, laplace)
+    return {"z": out["z"], "failures": out["failures"], "pass": out["pass"]}
 
 
 def run_cell(source, name, size, local, sampler, draws, tune, chains, seed) -> dict:

@@ -201,3 +201,37 @@ def laplace(
             results[out_names[i]].append(np.asarray(val))
     draws_out = {k: np.stack(v)[None] for k, v in results.items()}
     return {"mode": unravel(mode), "cov": cov, "draws": draws_out, "converged": bool(0 <= decrement < 1e-8)}
+
+
+CONSTANT_SGD_FAMILY = ("IASG", "ConstantSGD", "SGFS")
+FAMILY_WISE = 0.05
+
+
+def verdict(sampler: str, scored: dict[str, Any], laplace_scored: dict | None = None) -> dict:
+    """Pass/fail of scored draws (:func:`score`) by the correctness issue's rule: every
+    parameter's mean within 0.1 reference sd and its sd within 10% (IASG, ConstantSGD, SGFS) or
+    0.15 and 15% (the Langevin family), each widened by ``z`` Monte Carlo standard errors of
+    that parameter (``z`` Bonferroni over the parameters at a 5% family-wise rate); for the
+    constant-SGD family, alternatively no further from the reference than the Laplace
+    approximation (``laplace_scored``) plus that allowance (they are Gaussian approximations on
+    skewed posteriors). Returns ``{"pass", "z", "failures": [param, ...], "worst": {...}}``."""
+    from scipy.stats import norm
+
+    table = scored["table"]
+    z = float(norm.ppf(1 - FAMILY_WISE / (2 * max(len(table), 1))))
+    family = sampler in CONSTANT_SGD_FAMILY
+    tol_mean, tol_sd = (0.10, 0.10) if family else (0.15, 0.15)
+    failures, worst = [], {}
+    for param, row in table.items():
+        mean_slack = z * row["se_dmean"]
+        sd_slack = z * row["se_sd_ratio"]
+        ok_mean = abs(row["dmean"]) <= tol_mean + mean_slack
+        ok_sd = abs(row["sd_ratio"] - 1) <= tol_sd + sd_slack
+        lap = (laplace_scored or {}).get("table", {}).get(param) if family else None
+        if lap is not None:
+            ok_mean = ok_mean or abs(row["dmean"]) <= abs(lap["dmean"]) + mean_slack
+            ok_sd = ok_sd or abs(row["sd_ratio"] - 1) <= abs(lap["sd_ratio"] - 1) + sd_slack
+        if not (ok_mean and ok_sd):
+            failures.append(param)
+            worst[param] = {"dmean": row["dmean"], "sd_ratio": row["sd_ratio"]}
+    return {"pass": not failures, "z": z, "failures": failures, "worst": worst}
