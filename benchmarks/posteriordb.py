@@ -68,7 +68,8 @@ def cells(args) -> list[tuple[str, str, str, list[str] | None]]:
     if stress is not None:
         for name in stress.CASES:
             out.append(("stress", name, "ci", None))
-            if args.full and "full" in stress.sizes(name):
+            sizes = stress.sizes(name)
+            if args.full and sizes["full"] != sizes["ci"]:
                 out.append(("stress", name, "full", None))
     if args.only:
         out = [c for c in out if any(o in c[1] for o in args.only)]
