@@ -144,3 +144,42 @@ SAMPLE_PATHS = ("pm.sample", "pmsg.sample")
 def sample_path(request) -> SamplePath:
     """A statistical test run once through each driver (same seeds, same tolerances)."""
     return SamplePath(request.param)
+
+
+# -- the self-check's false-alarm rate over a test session ---------------------------------
+# Every run of a step method appends its self-check verdict to $PMSG_CHECK_LOG
+# (pymc_sgmcmc.diagnostics). The controller sets it before the xdist workers start (they
+# inherit it), and the terminal summary counts the runs and lists the tests whose runs
+# warned: those that provoke it on purpose (tests/test_diagnostics.py, the bad-input and
+# fixed-step tests) and any false alarm.
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput") or os.environ.get("PMSG_CHECK_LOG"):
+        return
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="pmsg_check_", suffix=".jsonl")
+    os.close(fd)
+    os.environ["PMSG_CHECK_LOG"] = path
+    config._pmsg_check_log = path
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    import json
+
+    path = getattr(config, "_pmsg_check_log", None) or os.environ.get("PMSG_CHECK_LOG")
+    if not path or not os.path.exists(path):
+        return
+    with open(path) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    if not records:
+        return
+    warned = [r for r in records if not r["ok"]]
+    tests = sorted({r["test"].split(" ")[0] for r in warned})
+    terminalreporter.write_sep("-", "sgmcmc self-check")
+    terminalreporter.write_line(
+        f"{len(records)} sampler runs checked, {len(warned)} warned, in {len(tests)} tests"
+    )
+    for test in tests:
+        terminalreporter.write_line(f"  warned: {test}")
