@@ -148,6 +148,7 @@ def run_cell(source, name, size, local, sampler, draws, tune, chains, seed) -> d
     report = json.loads(idata.sample_stats.attrs.get("sgmcmc_diagnostics", "{}"))
     row.update(
         seconds=time.time() - start,
+        kept_draws=draws * chains,
         N=step.problem.data_size,
         batch_size=step.batch_size,
         mala=bool(step.exact),
@@ -227,7 +228,7 @@ def summarise(rows: list[dict], kept_draws: int) -> str:
     )
     sg = [r for r in done if r["sampler"] in ("SGLD", "SAGALD", "SVRGLD") and not r["mala"]]
     if sg:
-        per_draw = sorted(r["min_ess"] / kept_draws for r in sg)
+        per_draw = sorted(r["min_ess"] / r.get("kept_draws", kept_draws) for r in sg)
         median = per_draw[len(per_draw) // 2]
         lines.append(
             f"Langevin family on minibatches ({len(sg)} cells): min bulk ESS per kept draw "
