@@ -915,9 +915,12 @@ class SGMCMCStep(BlockedStep):
                 hess = jax.vmap(lambda v: jax.jvp(grad_u, (position,), (v,))[1])(eye)
                 hess = 0.5 * (hess + hess.T)
                 return hess if dense else jnp.diag(hess)
-            probes = jax.random.rademacher(jax.random.PRNGKey(0), (16, dim), dtype=position.dtype)
-            hvp = jax.vmap(lambda v: jax.jvp(grad_u, (position,), (v,))[1])(probes)
-            return jnp.mean(probes * hvp, axis=0)
+            return scaled_hutchinson(
+                lambda v: jax.jvp(grad_u, (position,), (v,))[1],
+                jax.random.PRNGKey(0),
+                dim,
+                jnp.zeros(dim, dtype=position.dtype),
+            )
 
         def tuning_logdensity(fixed, local_params, key):
             # What tuning measures: the sampler's log-density, or with local variables the
@@ -938,6 +941,25 @@ class SGMCMCStep(BlockedStep):
             scale = jnp.maximum(jnp.max(jnp.abs(v)), 1e-300)
             delta = 1e-5 * (1.0 + jnp.max(jnp.abs(position))) / scale
             return (grad_u(position + delta * v) - grad_u(position - delta * v)) / (2 * delta)
+
+        def scaled_hutchinson(hvp, key, dim, guess):
+            # diag(H) by Hutchinson's estimator in the coordinates a first estimate d scales:
+            # probes v = z / √d (z Rademacher), H_jj ≈ √d_j · mean z_j (Hv)_j — unbiased for any
+            # d > 0, with error Σ_k H_jk / √(d_j d_k) z_j z_k relative to H_jj: the couplings
+            # in units of the curvature, not of the coordinates. In natural units (a global
+            # coupled to 600 group effects by a predictor in its own units) plain Hutchinson's
+            # error on a group effect's diagonal was 5x the diagonal itself, the step then
+            # capped 10x too small by the apparent stiffness. d: the larger of the Fisher
+            # diagonal N·C_jj and a plain 16-probe estimate (both only scale the probes).
+            key_plain, key_scaled = jax.random.split(key)
+            z = jax.random.rademacher(key_plain, (16, dim), dtype=guess.dtype)
+            plain = jnp.mean(z * jax.lax.map(hvp, z), axis=0)
+            d = jnp.maximum(guess, jnp.abs(plain))
+            d = jnp.maximum(d, 1e-12 * jnp.maximum(jnp.max(d), 1e-300))
+            root = jnp.sqrt(d)
+            z = jax.random.rademacher(key_scaled, (16, dim), dtype=guess.dtype)
+            hvp_z = jax.lax.map(lambda zi: hvp(zi / root), z)
+            return root * jnp.mean(z * hvp_z, axis=0)
 
         def noise(key, position, fixed, data, full, local_params, full_curvature=False):
             # Per-example gradients by vmap; unbiased sample (co)variance. With local
@@ -974,11 +996,12 @@ class SGMCMCStep(BlockedStep):
                 return c, 0.5 * (hess + hess.T)
             if dim <= EXACT_DIAG_MAX_DIM:
                 probes = jnp.eye(dim, dtype=position.dtype)  # exact diagonal
-            else:
-                probes = jax.random.rademacher(key_probe, (16, dim), dtype=position.dtype)
-            hvp = jax.lax.map(lambda z: curvature_product(grad_u, position, z), probes)
-            scale = 1.0 if dim <= EXACT_DIAG_MAX_DIM else 1.0 / probes.shape[0]
-            return c, scale * jnp.sum(probes * hvp, axis=0)
+                hvp = jax.lax.map(lambda z: curvature_product(grad_u, position, z), probes)
+                return c, jnp.sum(probes * hvp, axis=0)
+            fisher_guess = jnp.abs(jnp.diag(c) if c.ndim == 2 else c) * n
+            return c, scaled_hutchinson(
+                lambda v: curvature_product(grad_u, position, v), key_probe, dim, fisher_guess
+            )
 
         def block_potential_grad(key, fixed, data, local_params, rows):
             # The gradient of the potential on the ``rows`` rows that ``key`` draws (and, with
@@ -1783,6 +1806,7 @@ class SGMCMCStep(BlockedStep):
                 "names": [names[i] for i in idx] + [local_names[i] for i in local_idx],
                 # A⁻¹'s diagonal; NaN for the locals (M = I there: their scale is the draws')
                 "cov_diag": diag[idx].tolist() + [float("nan")] * len(local_idx),
+                "metric": "dense" if np.ndim(cov) == 2 else "diagonal",
             }
         }
         tuner = self.tuner
@@ -2259,8 +2283,11 @@ class ConstantSGD(_PreconditionedSGD):
         # noise fits the budget, the rest injected (pymc_sgmcmc.tuning.rates). Above
         # DENSE_MAX_DIM only the noise's diagonal is measured: its correlations (strong in a
         # softmax's classes) then go uncorrected, so the minibatch may give only a quarter of
-        # the noise (the draws' variances then err by at most a quarter of that mismatch).
-        share = 1.0
+        # the noise (the draws' variances then err by at most a quarter of that mismatch): on
+        # 600 group effects coupled to a global by an uncentred predictor (noise correlation
+        # 0.93 per row), share 1 gave the global 0.39x its sd, a quarter 0.88x
+        # (tests/test_large_dim.py).
+        share = 1.0 if noise_z.ndim == 2 else LANGEVIN_NOISE_SHARE
         return langevin_rule(
             noise_z,
             noise_share=share,
@@ -2417,10 +2444,12 @@ class IASG(_PreconditionedSGD):
         with the 1024 rows of the noise estimate it would be 10× at ``D = 500``. Above
         ``MAX_RELAXATION_CHECK_DIM`` dimensions such a block makes the check slow (at
         ``D = 1000`` and 20 000 rows, 3.3 s per chain and still 1.4× too long, enough to warn
-        on independent features), so there it returns None — as it does before a tuned,
+        on independent features), so there it returns None unless the block is every row
+        (``N ≤ 50·D``: the Hessian is then exact) — as it does before a tuned,
         positive ``P`` or where ``P·H`` is not positive definite (no relaxation time)."""
         dim = self.problem.dim
-        if self.chain_state is None or dim > MAX_RELAXATION_CHECK_DIM:
+        every_row = self.problem.data_size <= 50 * dim  # the block is the data: exact
+        if self.chain_state is None or (dim > MAX_RELAXATION_CHECK_DIM and not every_row):
             return None
         dtype = self.problem.dtype
         precond = np.asarray(self.precond_value, dtype=np.float64)
