@@ -547,8 +547,7 @@ def main() -> None:
     sg_name = SG_SAMPLERS[args.sampler].__name__
     print(
         f"\n{sg_name}({args.sg_kwargs}): batch {args.batch_size}, {args.tune} tuning + "
-        f"{args.draws} draws x {args.chains} chains"
-        + (" (plain model)" if args.plain else "")
+        f"{args.draws} draws x {args.chains} chains" + (" (plain model)" if args.plain else "")
     )
     idata_sg, t_sg = fit_sg(data, args)
     passes = float(idata_sg.sample_stats["data_passes"].values[:, -1].mean())
