@@ -166,8 +166,9 @@ def laplace(
     def h(x):
         return np.asarray(d2logp(unravel(x)), dtype=np.float64)  # d2logp is of -logp
 
-    res = optimize.minimize(f, x0, jac=g, hess=h, method="trust-exact",
-                            options={"gtol": 1e-9, "maxiter": 2000})
+    res = optimize.minimize(
+        f, x0, jac=g, hess=h, method="trust-exact", options={"gtol": 1e-9, "maxiter": 2000}
+    )
     mode = res.x
     for _ in range(20):  # polish with plain Newton steps; converged when the Newton
         # decrement gᵀH⁻¹g (squared distance to the mode in posterior sds) is negligible
@@ -181,7 +182,9 @@ def laplace(
     hess = 0.5 * (hess + hess.T)
     w, v = np.linalg.eigh(hess)
     if w.min() <= 0:
-        raise RuntimeError(f"Laplace: the Hessian at the mode is not positive definite ({w.min():g}).")
+        raise RuntimeError(
+            f"Laplace: the Hessian at the mode is not positive definite ({w.min():g})."
+        )
     cov = (v / w) @ v.T
     rng = np.random.default_rng(seed)
     z = mode + rng.standard_normal((draws, mode.size)) @ (v / np.sqrt(w)).T
@@ -189,9 +192,13 @@ def laplace(
     out_names = [o.name for o in outputs]
     # unobserved_value_vars returns value variables and the constrained variables (named
     # as the model names them) plus deterministics; keep the constrained ones.
-    keep = [i for i, o in enumerate(outputs) if o.name in model.named_vars
-            and model.named_vars[o.name] not in model.value_vars
-            and o.name not in model.rvs_to_values.values()]
+    keep = [
+        i
+        for i, o in enumerate(outputs)
+        if o.name in model.named_vars
+        and model.named_vars[o.name] not in model.value_vars
+        and o.name not in model.rvs_to_values.values()
+    ]
     fn = pytensor.function(value_vars, [outputs[i] for i in keep], on_unused_input="ignore")
     results: dict[str, list] = {out_names[i]: [] for i in keep}
     for row in z:
@@ -200,7 +207,12 @@ def laplace(
         for i, val in zip(keep, vals, strict=True):
             results[out_names[i]].append(np.asarray(val))
     draws_out = {k: np.stack(v)[None] for k, v in results.items()}
-    return {"mode": unravel(mode), "cov": cov, "draws": draws_out, "converged": bool(0 <= decrement < 1e-8)}
+    return {
+        "mode": unravel(mode),
+        "cov": cov,
+        "draws": draws_out,
+        "converged": bool(0 <= decrement < 1e-8),
+    }
 
 
 CONSTANT_SGD_FAMILY = ("IASG", "ConstantSGD", "SGFS")

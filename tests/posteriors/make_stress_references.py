@@ -68,8 +68,9 @@ def draws_of(idata) -> dict[str, np.ndarray]:
     """Free RVs and deterministics, except chol_corr (its diagonal is a constant 1;
     corr_offdiag holds its free entries)."""
     post = idata.posterior
-    return {k: np.asarray(post[k].values, dtype=np.float64) for k in post.data_vars
-            if k != "chol_corr"}
+    return {
+        k: np.asarray(post[k].values, dtype=np.float64) for k in post.data_vars if k != "chol_corr"
+    }
 
 
 def diagnostics(draws: dict[str, np.ndarray], idata=None) -> dict:
@@ -137,8 +138,11 @@ def check_equivalent(name: str, other: pm.Model, points: int = 20) -> float:
         pt_ = {k: v + rng.normal(0.0, 0.3, np.shape(v)) for k, v in ip.items()}
         diffs.append(float(fa(pt_)) - float(fb(pt_)))
     spread = max(diffs) - min(diffs)
-    print(f"  {name}: logp(builder) - logp(sufficient-statistic model) spread over {points} "
-          f"points: {spread:.2e} (logp ~ {float(fa(ip)):.3e})", flush=True)
+    print(
+        f"  {name}: logp(builder) - logp(sufficient-statistic model) spread over {points} "
+        f"points: {spread:.2e} (logp ~ {float(fa(ip)):.3e})",
+        flush=True,
+    )
     if spread > 1e-6 * max(1.0, abs(float(fa(ip)))):
         raise SystemExit(f"{name}: the sufficient-statistic model is not equivalent")
     return spread
@@ -147,8 +151,16 @@ def check_equivalent(name: str, other: pm.Model, points: int = 20) -> float:
 EQUIVALENT = {"lkj_mvnormal": lkj_sufficient}
 
 
-def run(name: str, sampler: str, seed: int, draws: int, tune: int, low_rank: bool = False,
-        jitter: bool = True, equivalent: bool = False):
+def run(
+    name: str,
+    sampler: str,
+    seed: int,
+    draws: int,
+    tune: int,
+    low_rank: bool = False,
+    jitter: bool = True,
+    equivalent: bool = False,
+):
     """4 chains of PyMC's numpyro NUTS (``pm.sample``, default settings) or of nutpie
     (called directly, so that jitter can be switched off: nutpie otherwise starts every
     chain at a U(-1, 1) jitter of the initial point, which in natural units puts the logistic
@@ -157,19 +169,36 @@ def run(name: str, sampler: str, seed: int, draws: int, tune: int, low_rank: boo
     t = time.perf_counter()
     if sampler == "numpyro":
         with model:
-            idata = pm.sample(draws=draws, tune=tune, chains=4, nuts_sampler="numpyro",
-                              random_seed=seed, progressbar=False)
+            idata = pm.sample(
+                draws=draws,
+                tune=tune,
+                chains=4,
+                nuts_sampler="numpyro",
+                random_seed=seed,
+                progressbar=False,
+            )
     else:
         import nutpie
 
         compiled = nutpie.compile_pymc_model(model, **({} if jitter else {"jitter_rvs": set()}))
-        idata = nutpie.sample(compiled, draws=draws, tune=tune, chains=4, seed=seed,
-                              progress_bar=False, low_rank_modified_mass_matrix=low_rank)
+        idata = nutpie.sample(
+            compiled,
+            draws=draws,
+            tune=tune,
+            chains=4,
+            seed=seed,
+            progress_bar=False,
+            low_rank_modified_mass_matrix=low_rank,
+        )
     elapsed = time.perf_counter() - t
     d = diagnostics(draws_of(idata), idata)
     d["seconds"] = round(elapsed)
-    label = sampler + (" low-rank" if low_rank else "") + ("" if jitter else " no-jitter") \
+    label = (
+        sampler
+        + (" low-rank" if low_rank else "")
+        + ("" if jitter else " no-jitter")
         + (" (sufficient statistics)" if equivalent else "")
+    )
     print(f"  {name}: {label} 4×{draws} after {tune}, seed {seed}: {d}", flush=True)
     return idata, label, d
 
@@ -177,8 +206,10 @@ def run(name: str, sampler: str, seed: int, draws: int, tune: int, low_rank: boo
 def fmt(s: dict | None) -> str:
     if s is None:
         return "—"
-    return (f"{s['max_abs_dmean']:.3f} (±{s['mc_dmean']:.3f}) | "
-            f"{s['sd_ratio_min']:.3f}–{s['sd_ratio_max']:.3f} (±{s['mc_sd_ratio']:.3f})")
+    return (
+        f"{s['max_abs_dmean']:.3f} (±{s['mc_dmean']:.3f}) | "
+        f"{s['sd_ratio_min']:.3f}–{s['sd_ratio_max']:.3f} (±{s['mc_sd_ratio']:.3f})"
+    )
 
 
 def add(rows, name, what, s, t):
@@ -193,13 +224,19 @@ def make_reference(name: str, rows: list) -> None:
         check_equivalent(name, EQUIVALENT[name]())
     long, thin = LONG_FOR.get(name, (LONG, THIN))
     a, label_a, d_a = run(name, "numpyro", SEED, **long, equivalent=eq)
-    b, label_b, d_b = run(name, "nutpie", SEED + 1, **CHECK, equivalent=eq,
-                          low_rank=name in LOW_RANK_CHECK)
+    b, label_b, d_b = run(
+        name, "nutpie", SEED + 1, **CHECK, equivalent=eq, low_rank=name in LOW_RANK_CHECK
+    )
     if not (ok(d_a) and ok(d_b)):
         raise SystemExit(f"{name}: diagnostics fail; reference not written")
     ref = draws_of(a)
-    add(rows, name, f"{label_b} 4×2500 vs {label_a} 4×{long['draws']}", score(draws_of(b), ref),
-        f"{d_a['seconds']} s + {d_b['seconds']} s")
+    add(
+        rows,
+        name,
+        f"{label_b} 4×2500 vs {label_a} 4×{long['draws']}",
+        score(draws_of(b), ref),
+        f"{d_a['seconds']} s + {d_b['seconds']} s",
+    )
     stored = {k: v[:, ::thin].astype(np.float32) for k, v in ref.items()}
     d_s = diagnostics({k: v.astype(np.float64) for k, v in stored.items()})
     if d_s["min_ess_bulk"] < 1000 or d_s["max_rhat"] > 1.01:
@@ -207,12 +244,20 @@ def make_reference(name: str, rows: list) -> None:
     path = stress.reference_path(name)
     save_reference(path, stored)
     shape = next(iter(stored.values())).shape[:2]
-    print(f"  wrote {path.name}: {path.stat().st_size / 1e6:.2f} MB, {shape} chains×draws, "
-          f"stored draws {d_s}", flush=True)
+    print(
+        f"  wrote {path.name}: {path.stat().st_size / 1e6:.2f} MB, {shape} chains×draws, "
+        f"stored draws {d_s}",
+        flush=True,
+    )
     if name in stress._LINEAR_SIGMA_SCALE:
         exact = stress.collapsed_linear(name)
-        add(rows, name, "numpyro reference (stored) vs exact quadrature",
-            score({k: v.astype(np.float64) for k, v in stored.items()}, exact), "")
+        add(
+            rows,
+            name,
+            "numpyro reference (stored) vs exact quadrature",
+            score({k: v.astype(np.float64) for k, v in stored.items()}, exact),
+            "",
+        )
         add(rows, name, f"{label_b} vs exact quadrature", score(draws_of(b), exact), "")
 
 
@@ -222,26 +267,39 @@ def check_exact_or_laplace(name: str, rows: list) -> None:
     t = time.perf_counter()
     ref = stress.reference(name, "ci")
     t_ref = time.perf_counter() - t
-    if stress.KIND[name] == "exact" and name != "prior_only_direction" \
-            and name != "two_observed":
+    if stress.KIND[name] == "exact" and name != "prior_only_direction" and name != "two_observed":
         t = time.perf_counter()
         fit = laplace(stress.build(name, "ci"), seed=1)
-        add(rows, name, "Laplace vs exact", score(fit["draws"], ref),
-            f"{t_ref:.0f} s (exact), {time.perf_counter() - t:.0f} s (Laplace)")
+        add(
+            rows,
+            name,
+            "Laplace vs exact",
+            score(fit["draws"], ref),
+            f"{t_ref:.0f} s (exact), {time.perf_counter() - t:.0f} s (Laplace)",
+        )
     if name in ("natural_linear", "sigma_prior_regression", "natural_logistic"):
-        idata, label, d = run(name, "nutpie", SEED + 2, **CHECK, low_rank=True,
-                              jitter=name != "natural_logistic")
+        idata, label, d = run(
+            name, "nutpie", SEED + 2, **CHECK, low_rank=True, jitter=name != "natural_logistic"
+        )
         if ok(d):
-            add(rows, name, f"{label} 4×2500 vs {stress.KIND[name]}", score(idata, ref),
-                f"{d['seconds']} s")
+            add(
+                rows,
+                name,
+                f"{label} 4×2500 vs {stress.KIND[name]}",
+                score(idata, ref),
+                f"{d['seconds']} s",
+            )
         else:
-            add(rows, name, f"{label}: NUTS failed its diagnostics {d}", None,
-                f"{d['seconds']} s")
+            add(rows, name, f"{label}: NUTS failed its diagnostics {d}", None, f"{d['seconds']} s")
 
 
 def full(rows: list) -> None:
-    for name in ("natural_linear", "natural_logistic", "uncentred_predictor",
-                 "prior_only_direction"):
+    for name in (
+        "natural_linear",
+        "natural_logistic",
+        "uncentred_predictor",
+        "prior_only_direction",
+    ):
         n = stress.sizes(name)["full"]
         t = time.perf_counter()
         ref = stress.reference(name, "full")
@@ -250,18 +308,36 @@ def full(rows: list) -> None:
         if name in ("natural_linear", "uncentred_predictor"):
             t = time.perf_counter()
             fit = laplace(stress.build(name, "full"), seed=1)
-            add(rows, f"{name} [full, N={n}]", "Laplace vs exact", score(fit["draws"], ref),
-                f"{t_ref:.0f} s (exact), {time.perf_counter() - t:.0f} s (Laplace)")
+            add(
+                rows,
+                f"{name} [full, N={n}]",
+                "Laplace vs exact",
+                score(fit["draws"], ref),
+                f"{t_ref:.0f} s (exact), {time.perf_counter() - t:.0f} s (Laplace)",
+            )
         else:
-            rows.append((f"{name} [full, N={n}]", f"{stress.KIND[name]} reference computed",
-                         None, f"{t_ref:.0f} s"))
+            rows.append(
+                (
+                    f"{name} [full, N={n}]",
+                    f"{stress.KIND[name]} reference computed",
+                    None,
+                    f"{t_ref:.0f} s",
+                )
+            )
 
 
 def sanity(name: str, rows: list) -> None:
     if name in EQUIVALENT:  # the builder's own model is too slow for NUTS (see lkj_sufficient)
         spread = check_equivalent(name, EQUIVALENT[name]())
-        rows.append((name, f"builder's logp = sufficient-statistic model's + const (spread "
-                     f"{spread:.1e}); NUTS on the builder skipped (12-63 ms a gradient)", None, ""))
+        rows.append(
+            (
+                name,
+                f"builder's logp = sufficient-statistic model's + const (spread "
+                f"{spread:.1e}); NUTS on the builder skipped (12-63 ms a gradient)",
+                None,
+                "",
+            )
+        )
         return
     idata, label, d = run(name, "numpyro", SEED + 3, **SANITY)
     if ok(d):
@@ -270,8 +346,13 @@ def sanity(name: str, rows: list) -> None:
         flag = f" — LOST {d}"
     else:  # short: fewer than 1000 bulk ESS or R-hat in (1.01, 1.1]
         flag = f" — short of the ESS/R-hat bounds {d}"
-    add(rows, name, f"{label} 4×1000 vs {stress.KIND[name]} reference{flag}",
-        score(idata, stress.reference(name, "ci")), f"{d['seconds']} s")
+    add(
+        rows,
+        name,
+        f"{label} 4×1000 vs {stress.KIND[name]} reference{flag}",
+        score(idata, stress.reference(name, "ci")),
+        f"{d['seconds']} s",
+    )
 
 
 def main() -> None:

@@ -41,8 +41,17 @@ import pymc as pm
 from .common import DATA, laplace, load_reference
 
 __all__ = [
-    "CASES", "KIND", "STRESS", "build", "collapsed_linear", "data", "describe", "exact_posterior",
-    "reference", "reference_path", "sizes",
+    "CASES",
+    "KIND",
+    "STRESS",
+    "build",
+    "collapsed_linear",
+    "data",
+    "describe",
+    "exact_posterior",
+    "reference",
+    "reference_path",
+    "sizes",
 ]
 
 STRESS = DATA / "stress"
@@ -173,12 +182,14 @@ def _data(name: str, size: str) -> dict[str, np.ndarray]:
         x = rng.normal(100.0, 15.0, n)
         return {"x": x, "y": 20.0 + 0.5 * x + rng.normal(0.0, 5.0, n)}
     if name == "sigma_prior_regression":
-        X = np.column_stack([
-            rng.normal(5.0, 2.0, n),
-            rng.normal(20.0, 10.0, n),
-            rng.normal(-3.0, 1.0, n),
-            rng.uniform(0.0, 50.0, n),
-        ])
+        X = np.column_stack(
+            [
+                rng.normal(5.0, 2.0, n),
+                rng.normal(20.0, 10.0, n),
+                rng.normal(-3.0, 1.0, n),
+                rng.uniform(0.0, 50.0, n),
+            ]
+        )
         y = 1.0 + X @ np.array([0.5, -0.2, 1.5, 0.05]) + rng.normal(0.0, 1.5, n)
         return {"X": X, "y": y}
     if name.startswith("small_regression_"):
@@ -323,8 +334,10 @@ def exact_posterior(name: str, size: str = "ci") -> dict[str, np.ndarray]:
         beta_hat = np.linalg.solve(xtx, X.T @ y)
         sse = float(np.sum((y - X @ beta_hat) ** 2))
         return {"mean": beta_hat, "cov": np.linalg.inv(xtx), "dof": len(y) - 3, "sse": sse}
-    raise ValueError(f"{name} has no closed-form Gaussian posterior (its reference is "
-                     f"{KIND[name]}; Normal-prior regressions: collapsed_linear)")
+    raise ValueError(
+        f"{name} has no closed-form Gaussian posterior (its reference is "
+        f"{KIND[name]}; Normal-prior regressions: collapsed_linear)"
+    )
 
 
 # Linear regressions with Normal(0, 10) priors on the intercept and coefficients and a
@@ -382,8 +395,9 @@ def collapsed_linear(name: str, size: str = "ci", draws: int = EXACT_DRAWS, seed
     u = u0 + np.linspace(-60.0, 60.0, 2001) * w
     lp = np.array([logp(np.exp(v)) for v in u])
     keep = np.flatnonzero(lp > lp.max() - 80.0)
-    grid = np.linspace(np.exp(u[max(keep[0] - 1, 0)]), np.exp(u[min(keep[-1] + 1, len(u) - 1)]),
-                       4001)
+    grid = np.linspace(
+        np.exp(u[max(keep[0] - 1, 0)]), np.exp(u[min(keep[-1] + 1, len(u) - 1)]), 4001
+    )
     lp = np.array([logp(s) for s in grid])
     dens = np.exp(lp - lp.max())
     cdf = np.concatenate([[0.0], np.cumsum(0.5 * (dens[1:] + dens[:-1]) * np.diff(grid))])
