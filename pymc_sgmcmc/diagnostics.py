@@ -160,6 +160,7 @@ def check_draws(
     names: Sequence[str],
     passes_per_draw: float,
     diagonal: bool = False,
+    temperature: float = 1.0,
 ) -> dict[str, Any]:
     """The Stein and movement checks on ``(chains, draws, k)`` unconstrained draws and their
     ``A⁻¹∇log p`` terms (``cov_diag`` the ``(k,)`` diagonal of ``A⁻¹``). ``diagonal``: the
@@ -172,7 +173,10 @@ def check_draws(
     chains, draws, k = positions.shape
     if k == 0:
         return {"skipped": "no coordinates checked"}
+    # The target at temperature T is p^(1/T): its Stein identity is E[θ ∇log p] = −T·I and
+    # its covariance T·A⁻¹, so the metric's diagonal is scaled by T (1: the posterior).
     cov_diag = np.asarray(cov_diag, dtype=np.float64)
+    gradients = gradients / float(temperature)
     # Coordinates without A⁻¹ (local variables) were given M = I: the Stein term is
     # normalised by 1, and the draws' own variance stands in for the posterior's scale.
     unit = ~np.isfinite(cov_diag)
@@ -186,7 +190,9 @@ def check_draws(
     terms = -centred * gradients / cov_diag
     # First order: E_p[A⁻¹∇log p] = 0; for draws shifted by δ from a Gaussian posterior the
     # mean of A⁻¹∇log p is −δ: in posterior sds, the shift of each parameter's mean.
-    shifts = -gradients / np.sqrt(cov_diag) * np.where(unit, np.sqrt(scale), 1.0)
+    shifts = -gradients * math.sqrt(temperature) / np.sqrt(cov_diag)
+    shifts = shifts * np.where(unit, np.sqrt(scale), 1.0)
+    scale = np.where(unit, scale, scale * float(temperature))
     z = float(norm.ppf(1.0 - FAMILY_WISE_RATE / (2.0 * max(k, 1))))
     stein, shift, flagged = [], [], []
     for j in range(k):
@@ -392,6 +398,7 @@ def run_checks(idata: Any, entries: list[dict], warn: bool = True) -> dict[str, 
                 info["names"],
                 passes,
                 diagonal=info.get("metric") == "diagonal",
+                temperature=float(entry.get("temperature", 1.0) or 1.0),
             )
             report.update(stats)
             for d in stats.get("directional_flagged", []):

@@ -1833,6 +1833,8 @@ class SGMCMCStep(BlockedStep):
             except (np.linalg.LinAlgError, ValueError):
                 ratio = None
             if ratio is not None and np.all(np.isfinite(ratio)):
+                # against the tempered target's sds (√T times the posterior's)
+                ratio = ratio / np.sqrt(self.temperature)
                 report["predicted_sd_ratio"] = ratio[idx].tolist()
         self._check_report = report
 
