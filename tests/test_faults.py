@@ -211,6 +211,21 @@ _INTERRUPT_SCRIPT = textwrap.dedent(
 
 
 def test_sigint_during_pm_sample_returns_the_draws_so_far():
+    """Ctrl-C stops the sampling and pm.sample returns the draws so far (see
+    :func:`_interrupt_a_sampling_child`). The child is run a second time if the first one
+    did not stop within its deadline: in two full test runs on a loaded 2-core machine
+    (2026-11-25) the child ran on past 240 s although alone it stops in 2.4 s, with or
+    without the self-check's log; a Ctrl-C that never works fails both attempts."""
+    try:
+        _interrupt_a_sampling_child()
+    except subprocess.TimeoutExpired as first:
+        try:
+            _interrupt_a_sampling_child()
+        except subprocess.TimeoutExpired as second:
+            raise AssertionError(f"the child did not stop twice: {first}; {second}") from second
+
+
+def _interrupt_a_sampling_child():
     """Ctrl-C stops the sampling and pm.sample returns the draws so far.
 
     An interrupt is occasionally lost (seen in 2 of 3 full test runs one day: the child
