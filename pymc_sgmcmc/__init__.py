@@ -15,7 +15,6 @@ import pymc as pm
 
 from pymc_sgmcmc import schedules
 from pymc_sgmcmc._hooks import install as _install_hooks
-from pymc_sgmcmc._multiprocessing import install as _install_mp
 from pymc_sgmcmc.bridge import MinibatchProblem, build_problem
 from pymc_sgmcmc.compare import compare, plot_compare
 from pymc_sgmcmc.errors import DataShapeError, DivergenceError, ModelNotSupportedError
@@ -53,5 +52,4 @@ __all__ = [
 for _cls in (ConstantSGD, SGLD, IASG, SAGALD, SVRGLD, SGFS):
     if _cls not in pm.STEP_METHODS:
         pm.STEP_METHODS.append(_cls)
-_install_mp()
 _install_hooks()

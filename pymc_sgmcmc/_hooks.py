@@ -12,12 +12,16 @@ PyMC's ``pm.sample`` writes ``sampling_time``, ``tuning_steps`` etc. into the ``
     - ``sgmcmc_samplers``: the class names, e.g. ``"IASG"``;
     - ``sgmcmc_settings``: a JSON list, one entry per SG step, with its settings and
       ``"chains"`` — the tuned values of each chain (step size or preconditioner, window, ...).
-      With ``cores > 1`` the chains are tuned inside worker processes, which do not send their
-      step objects back, so each step also emits its tuned settings as the ``sgmcmc_tuned``
-      stat (a JSON string on the chain's first draw after tuning, else empty); it is read
-      here and dropped from ``sample_stats`` / ``warmup_sample_stats``;
+      Each step also emits its tuned settings as the ``sgmcmc_tuned`` stat (a JSON string on
+      the chain's first draw after tuning, else empty; it carried them back from PyMC's
+      worker processes when chains ran there); it is read here and dropped from
+      ``sample_stats`` / ``warmup_sample_stats``;
     - ``sgmcmc_diagnostics``: the self-check's report (:mod:`pymc_sgmcmc.diagnostics`), from
       the ``sgmcmc_check`` stat, which is dropped too; a failed check warns.
+
+``_mp_sample``
+    runs the chains in this process, one after another, when the call's step is or contains
+    one of ours (:mod:`pymc_sgmcmc._multiprocessing`); other calls are PyMC's own.
 
 ``_sample`` and ``_mp_sample``
     stop a chain whose step raised :class:`~pymc_sgmcmc.errors.DivergenceError` after
@@ -222,6 +226,12 @@ def install() -> None:
 
     @functools.wraps(mp_sample_original)
     def _mp_sample(*args: Any, **kwargs: Any) -> Any:
+        if _STEPS.get():
+            # One of our steps: the chains run in this process (pymc_sgmcmc._multiprocessing);
+            # _sample (wrapped above) stops a diverging chain as in a sequential run.
+            from pymc_sgmcmc._multiprocessing import sample_in_this_process
+
+            return sample_in_this_process(kwargs)
         try:
             return mp_sample_original(*args, **kwargs)
         except Exception as error:

@@ -5,8 +5,8 @@ state (position, momentum, preconditioner, iteration, PRNG key) persists across 
 a chain and is reset at the start of every chain (``set_rng``). Tuning draws are burn-in and
 tune step sizes; ``stop_tuning`` freezes them.
 
-JAX is touched only on the first draw, in whichever process samples the chain, so that
-PyMC's forked workers never inherit JAX's thread pools (see :mod:`pymc_sgmcmc._multiprocessing`).
+JAX is touched only on the first draw. ``pm.sample`` runs the chains of these steps in the
+calling process, whatever ``cores`` (see :mod:`pymc_sgmcmc._multiprocessing`).
 """
 
 from __future__ import annotations
@@ -84,7 +84,9 @@ SEARCH_ROWS = 4096  # else a block of at least this many rows
 TUNING_ALL_ROWS_WORK = 2**26
 SPARSE_ROWS = 64
 NOISE_CHUNK_WORK = 2**22  # per-example gradients are computed this many row x dims at a time
-SEARCH_ITERATIONS = 100  # flat priors, x ~ 100 ± 15, N = 10⁶: 50 stopped at σ 0.57 (5.0); 100 reach it
+SEARCH_ITERATIONS = (
+    100  # flat priors, x ~ 100 ± 15, N = 10⁶: 50 stopped at σ 0.57 (5.0); 100 reach it
+)
 UNROLL_MAX_WORK = 20_000  # batch_size x dimension below which the draw's scan is unrolled
 DIVERGENCE_RETRIES = 6  # tuning draws redone at a halved step before giving up
 DIVERGENCE_SHRINK = 0.5
@@ -474,20 +476,12 @@ class SGMCMCStep(BlockedStep):
         self._reset_tuning()
 
     def __getstate__(self) -> dict[str, Any]:
-        from pymc_sgmcmc._multiprocessing import worker_cache_dir
-
         state = self.__dict__.copy()
         state["_compiled"] = None
         state["_chain_device"] = None
-        # pm.sample's worker processes share their compilations (see _multiprocessing).
-        state["_worker_cache"] = worker_cache_dir()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        from pymc_sgmcmc._multiprocessing import use_worker_cache
-
-        state = dict(state)
-        use_worker_cache(state.pop("_worker_cache", None))
         self.__dict__.update(state)
 
     # -- subclass hooks -----------------------------------------------------------------------
@@ -603,10 +597,6 @@ class SGMCMCStep(BlockedStep):
     def _compile(self) -> dict[str, Any]:
         if self._compiled is not None:
             return self._compiled
-        from pymc_sgmcmc._multiprocessing import use_worker_cache, worker_cache_dir
-
-        # A forked worker got the step by copy, not by unpickling: the parent's cache.
-        use_worker_cache(worker_cache_dir())
         import jax
         import jax.numpy as jnp
 

@@ -103,7 +103,7 @@ def test_divergence_after_tuning_stops_the_chain_and_keeps_the_draws_before():
     )
 
 
-def test_divergence_in_a_worker_process_is_reported_with_the_draws_so_far():
+def test_divergence_with_cores_2_is_reported_with_the_draws_so_far():
     with regression_model():
         step = FaultySGLD(batch_size=B, fault_at=30 * (N // B))
         with pytest.raises(pmsg.DivergenceError) as info:
@@ -164,7 +164,7 @@ def test_a_step_that_diverges_without_tuning_is_an_error_not_nan_draws():
 
 
 @pytest.mark.parametrize("step_cls", [pmsg.SGLD, pmsg.IASG, pmsg.SAGALD])
-def test_equal_seeds_give_bitwise_equal_draws_in_one_and_two_processes(step_cls):
+def test_equal_seeds_give_bitwise_equal_draws_with_cores_1_and_2(step_cls):
     def run(seed, cores):
         with regression_model():
             return pm.sample(
@@ -299,10 +299,11 @@ _WRITER_SCRIPT = textwrap.dedent(
             writer(trace, draw)
             if draw.draw_idx == 250:
                 reached.add(draw.chain)
-                if len(reached) == 2:  # both chains (their workers start at different times)
+                if len(reached) == 2:  # both chains (they run one after the other)
                     print("RUNNING", flush=True)
 
-        pm.sample(step=pmsg.SGLD(batch_size=20), draws=10**6, tune=10, chains=2, cores=2,
+        # The first chain ends at 300 draws, the second is killed after its 250th.
+        pm.sample(step=pmsg.SGLD(batch_size=20), draws=290, tune=10, chains=2, cores=2,
                   random_seed=1, progressbar=False, callback=callback,
                   compute_convergence_checks=False)
     """
