@@ -775,6 +775,13 @@ def build_problem(
         replacements[leaf] = ph
         data_names.append(observed_owner.get(leaf) or leaf.name or f"data_{i}")
         data_arrays.append(value)
+        _check_finite_rows(
+            repr(data_names[-1])
+            if observed_owner.get(leaf) or leaf.name
+            else f"an unnamed array in the likelihood of {', '.join(mb_names)}",
+            value,
+            data_size,
+        )
 
     local_placeholders = []
     for i, local in enumerate(row_locals):
@@ -830,6 +837,33 @@ def build_problem(
         row_local_names=tuple(v.name for v in row_locals),
     )
     return problem
+
+
+def _check_finite_rows(name: str, value: Any, data_size: int) -> None:
+    """Refuse a minibatched container with non-numeric or non-finite values, naming it and
+    its first bad row (NUTS reports these as a model it cannot evaluate at the start; here
+    they would only surface as a divergence)."""
+    array = np.asarray(value)
+    shape = "x".join(map(str, array.shape))
+    if array.dtype.kind not in "biuf":
+        raise DataShapeError(
+            f"The data in {name} ({shape}, dtype {array.dtype}) are not numeric: the "
+            "stochastic-gradient samplers need numbers in every minibatched container. "
+            "Encode categories as integer codes (e.g. pandas.factorize) and convert the "
+            "column with .astype(float) or .astype(int)."
+        )
+    if array.dtype.kind != "f" or np.all(np.isfinite(array)):
+        return
+    bad = ~np.isfinite(array.reshape(array.shape[0], -1)).all(axis=1)
+    rows = np.flatnonzero(bad)
+    first = int(rows[0])
+    raise DataShapeError(
+        f"The data in {name} ({shape}) have non-finite values (NaN or inf) in "
+        f"{rows.size} of {data_size} rows, the first at row {first}: "
+        f"{np.asarray(array[first]).tolist()!r}. Missing values are not supported in "
+        "minibatched data: drop those rows (e.g. mask = np.isfinite(X).all(axis=1); "
+        "X, y = X[mask], y[mask]) or complete them (impute) before building the model."
+    )
 
 
 def _probe_rows(

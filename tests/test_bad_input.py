@@ -449,3 +449,25 @@ def test_minibatch_data_naming_a_random_variable(entry):
         match=rf"minibatch_data entry '{entry}' is neither a data container.*from \['X', 'y'\]",
     ):
         pmsg.build_problem(_regression(), minibatch_data=[entry])
+
+
+# --- non-finite values in minibatched data ---------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_non_finite_design_matrix_is_refused_naming_the_container_and_row(value):
+    # NaN or inf in a design matrix used to surface as "IASG diverged in draw 0 ... Reduce
+    # step_size": a data problem reported as a sampler problem. (pm.Data refuses NaN itself;
+    # a numpy matrix in the graph and inf in pm.Data reached the sampler.)
+    X, y = _data()
+    X[17, 1] = value
+    X[40, 0] = value
+    with pm.Model():
+        Xd = pm.Data("X", X) if np.isinf(value) else X
+        b = pm.Normal("b", 0, 1, shape=2)
+        pm.Normal("y", Xd @ b, 1.0, observed=y)
+        with pytest.raises(
+            DataShapeError, match=r"\(300x2\) have non-finite.* 2 of 300 rows, the first at row 17"
+        ) as info:
+            pmsg.IASG()
+    assert "drop those rows" in str(info.value)
