@@ -19,6 +19,11 @@ PyMC's ``pm.sample`` writes ``sampling_time``, ``tuning_steps`` etc. into the ``
     - ``sgmcmc_diagnostics``: the self-check's report (:mod:`pymc_sgmcmc.diagnostics`), from
       the ``sgmcmc_check`` stat, which is dropped too; a failed check warns.
 
+``instantiate_steppers``
+    turns a NUTS-only keyword (``target_accept``, ``nuts={...}``) passed with one of our
+    steps into an error that says what plays its part here (PyMC's own message named a
+    ``step_kwargs`` key the user never wrote).
+
 ``_mp_sample``
     runs the chains in this process, one after another, when the call's step is or contains
     one of ours (:mod:`pymc_sgmcmc._multiprocessing`); other calls are PyMC's own.
@@ -278,6 +283,32 @@ def install() -> None:
             )
         return result
 
+    instantiate_original = mcmc.instantiate_steppers
+
+    @functools.wraps(instantiate_original)
+    def instantiate_steppers(*args: Any, **kwargs: Any) -> Any:
+        ours = _STEPS.get()
+        step_kwargs = kwargs.get("step_kwargs") or {}
+        selected = kwargs.get("selected_steps") or {}
+        names = {getattr(cls, "name", None) for cls, v in selected.items() if v}
+        unused = sorted(k for k in step_kwargs if k not in names)
+        if ours and unused:
+            given = ", ".join(
+                f"{key}" if key != "nuts" else "target_accept / nuts={...}" for key in unused
+            )
+            samplers = ", ".join(sorted({type(s).__name__ for s in ours}))
+            raise ValueError(
+                f"{given} configure PyMC's own step methods ({', '.join(unused)}), and no "
+                f"variable is sampled by one here: the step is {samplers}. A stochastic-"
+                "gradient step has no acceptance target: its step size is tuned from the "
+                "measured curvature and gradient noise (docs: tuning). The settings that play "
+                "that part are the step's own — SGLD/SAGALD/SVRGLD(target_bias=...), a fixed "
+                "step_size=..., or more tuning draws (tune=...). Remove the keyword from "
+                "pm.sample."
+            )
+        return instantiate_original(*args, **kwargs)
+
+    mcmc.instantiate_steppers = instantiate_steppers
     mcmc.assign_step_methods = assign_step_methods
     mcmc._sample_return = _sample_return
     mcmc._sample = _sample

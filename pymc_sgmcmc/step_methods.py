@@ -222,6 +222,20 @@ class SGMCMCStep(BlockedStep):
     }
     _state_class = SGMCMCStepState
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> SGMCMCStep:
+        # PyMC's BlockedStep.__new__ looks the model up first ("No model on context stack.").
+        try:
+            pm.modelcontext(kwargs.get("model"))
+        except TypeError as error:
+            name = cls.__name__
+            raise TypeError(
+                f"{name}() needs the model it samples: build it inside `with model:` "
+                f"(`with model: pm.sample(step=pmsg.{name}())`), or pass it: "
+                f"pmsg.{name}(model=model). The step reads the model's variables and data "
+                "when it is built, so pmsg.sample(model=...) alone cannot bind it."
+            ) from error
+        return super().__new__(cls, *args, **kwargs)
+
     def __init__(
         self,
         vars: Sequence[Any] | None = None,

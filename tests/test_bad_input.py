@@ -471,3 +471,18 @@ def test_non_finite_design_matrix_is_refused_naming_the_container_and_row(value)
         ) as info:
             pmsg.IASG()
     assert "drop those rows" in str(info.value)
+
+
+def test_target_accept_with_an_sg_step_says_it_is_nuts_own():
+    with _regression():
+        with pytest.raises(ValueError, match=r"target_accept.*the step is IASG.*target_bias"):
+            pm.sample(step=pmsg.IASG(), target_accept=0.9, **SAMPLE)
+
+
+def test_a_step_built_outside_a_model_says_how_to_bind_it():
+    model = _regression()
+    with pytest.raises(TypeError, match=r"IASG\(\) needs the model.*pmsg.IASG\(model=model\)"):
+        pmsg.IASG()
+    step = pmsg.IASG(model=model)  # the fix the message names
+    idata = pmsg.sample(step=step, model=model, draws=20, tune=10, chains=1, progressbar=False)
+    assert idata.posterior["b"].shape == (1, 20, 2)
