@@ -45,17 +45,16 @@ def jax_backend_started() -> bool:
         return True
 
 
-def sample_in_this_process(kwargs: dict, quiet: bool = False) -> None:
+def sample_in_this_process(kwargs: dict) -> None:
     """Run what PyMC passed to ``_mp_sample`` through its sequential ``_sample_many``."""
     import pymc.sampling.mcmc as mcmc
 
     args = {k: v for k, v in kwargs.items() if k not in ("mp_ctx", "blas_cores")}
-    if not quiet:
-        _log.info(
-            "pymc_sgmcmc: the %d chains of a stochastic-gradient step run one after another "
-            "in this process (cores=%s does not start worker processes for them; "
-            "pymc_sgmcmc.sample runs chains side by side)",
-            args.get("chains", 0),
-            args.get("cores"),
-        )
+    _log.info(
+        "pymc_sgmcmc: the %d chains of a stochastic-gradient step run one after another "
+        "in this process (cores=%s does not start worker processes for them; "
+        "pymc_sgmcmc.sample runs chains side by side)",
+        args.get("chains", 0),
+        args.get("cores"),
+    )
     mcmc._sample_many(**args)

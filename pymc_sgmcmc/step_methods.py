@@ -47,6 +47,7 @@ from pymc_sgmcmc.tuning import (
     sgld_step_size,
 )
 from pymc_sgmcmc.tuning.adaptation import StepSizeAdaptation, initial_mala_step
+from pymc_sgmcmc.tuning.averaging import chunked_gradient_noise
 from pymc_sgmcmc.tuning.rates import Rates, iasg_rule, iasg_window, langevin_rule
 from pymc_sgmcmc.tuning.tuner import Measurement, Tuned, Tuner
 from pymc_sgmcmc.tuning.whitening import DENSE_MAX_DIM, psd_sqrt
@@ -990,35 +991,6 @@ class SGMCMCStep(BlockedStep):
             hvp_z = jax.lax.map(lambda zi: hvp(zi / root), z)
             return root * jnp.mean(z * hvp_z, axis=0)
 
-        def chunked_gradient_noise(position, fixed, batch, full):
-            # gradient_noise of the per-example gradients of ``batch``, NOISE_CHUNK_WORK row x
-            # dims at a time (every row of a large data set would not fit at once): sums of g
-            # and g gᵀ about a shift (the first chunk's mean, against cancellation).
-            rows = batch[0].shape[0]
-            dim = position.shape[0]
-            size = min(rows, max(256, NOISE_CHUNK_WORK // dim))
-            if size >= rows:
-                return gradient_noise(fns["per_example_grads"](position, fixed, batch), full=full)
-            starts, masks = full_data_chunks(rows, size)
-            first = tuple(a[:size] for a in batch)
-            shift = jnp.mean(fns["per_example_grads"](position, fixed, first), axis=0)
-
-            def chunk(carry, xs):
-                total, square = carry
-                start, mask = xs
-                part = tuple(jax.lax.dynamic_slice_in_dim(a, start, size, axis=0) for a in batch)
-                g = (fns["per_example_grads"](position, fixed, part) - shift) * mask[:, None]
-                square = square + (g.T @ g if full else jnp.sum(g * g, axis=0))
-                return (total + jnp.sum(g, axis=0), square), None
-
-            zero_sq = jnp.zeros((dim, dim) if full else (dim,), dtype=position.dtype)
-            (total, square), _ = jax.lax.scan(
-                chunk, (jnp.zeros_like(position), zero_sq), (starts, masks)
-            )
-            mean = total / rows
-            outer = jnp.outer(mean, mean) if full else mean * mean
-            return (square - rows * outer) / max(rows - 1, 1)
-
         def noise(key, position, fixed, data, full, local_params, full_curvature=False):
             # Per-example gradients by vmap; unbiased sample (co)variance. With local
             # variables the estimator's own noise instead: the covariance of NOISE_REPEATS
@@ -1033,7 +1005,14 @@ class SGMCMCStep(BlockedStep):
             # from all of its rows), else a block of rows drawn uniformly.
             batch = search_block(key_rows, data)
             if hybrid is None:
-                c = chunked_gradient_noise(position, fixed, batch, full)
+
+                def rows_of(start, size):
+                    part = tuple(jax.lax.dynamic_slice_in_dim(a, start, size) for a in batch)
+                    return fns["per_example_grads"](position, fixed, part)
+
+                c = chunked_gradient_noise(
+                    rows_of, batch[0].shape[0], position.shape[0], full, NOISE_CHUNK_WORK
+                )
             else:
 
                 def one_estimate(k):

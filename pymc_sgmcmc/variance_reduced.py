@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from pymc_sgmcmc.minibatch import full_data_chunks, noise_factor
-from pymc_sgmcmc.step_methods import SGLD
-from pymc_sgmcmc.tuning.averaging import gradient_noise
+from pymc_sgmcmc.step_methods import NOISE_CHUNK_WORK, SGLD
+from pymc_sgmcmc.tuning.averaging import chunked_gradient_noise
 
 __all__ = ["SAGALD", "SVRGLD"]
 
@@ -93,9 +93,18 @@ class _VarianceReducedLD(SGLD):
                 idx = jnp.arange(n)
             else:
                 idx = jax.random.randint(key, (rows,), 0, n)
-            batch = tuple(jnp.take(a, idx, axis=0) for a in data)
-            diff = per_example(state.position, fixed, batch) - stored_fn(state, fixed, batch, idx)
-            return gradient_noise(diff, full=dense)
+
+            def rows_of(start, size):
+                # The per-row differences for rows idx[start : start + size] (in chunks on
+                # every row: N x D at once would be a second SAGA table).
+                part = jax.lax.dynamic_slice_in_dim(idx, start, size)
+                batch = tuple(jnp.take(a, part, axis=0) for a in data)
+                return per_example(state.position, fixed, batch) - stored_fn(
+                    state, fixed, batch, part
+                )
+
+            dim = state.position.shape[0]
+            return chunked_gradient_noise(rows_of, rows, dim, dense, NOISE_CHUNK_WORK)
 
         return jax.jit(vr_noise, static_argnames="dense")
 

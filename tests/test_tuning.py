@@ -107,8 +107,6 @@ def test_tuning_reads_every_row_where_a_group_is_seen_in_few_rows():
     # pushed to an extreme by one row (nycflights13 in its own units diverged in every chain).
     # Where a coordinate's per-row gradient is nonzero in few of the block's rows, tuning
     # reads every row instead; a dense design keeps the block.
-    from pymc_sgmcmc.step_methods import SPARSE_ROWS
-
     n = 40_000
     with _grouped_model(n, rare_rows=12):
         step = pmsg.IASG()
@@ -117,5 +115,24 @@ def test_tuning_reads_every_row_where_a_group_is_seen_in_few_rows():
     with _grouped_model(n, rare_rows=n // 20) as model:
         step = pmsg.IASG(vars=[model["beta"], model["effect"]])
         step._compile()
-        # every group has ~n/20 rows: ~200 of a 4096-row block, above SPARSE_ROWS
-        assert step._search_rows < n and 4096 // 20 > SPARSE_ROWS
+        # every group has ~n/20 rows: ~200 of a 4096-row block, above SPARSE_ROWS (64)
+        assert step._search_rows < n
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_chunked_gradient_noise_equals_the_one_shot_covariance(full):
+    # Every row of a large data set is measured in chunks (sums about a shift); the result
+    # must be gradient_noise's, also with a last chunk that overlaps the one before.
+    import jax
+
+    from pymc_sgmcmc.tuning.averaging import chunked_gradient_noise, gradient_noise
+
+    jax.config.update("jax_enable_x64", True)
+    g = np.random.default_rng(0).normal(loc=[50.0, -3.0, 0.0], size=(1000, 3))
+    g = jax.numpy.asarray(g)
+
+    def rows_of(start, size):
+        return jax.lax.dynamic_slice_in_dim(g, start, size)
+
+    chunked = chunked_gradient_noise(rows_of, 1000, 3, full, chunk_work=3 * 300)
+    np.testing.assert_allclose(chunked, gradient_noise(g, full=full), rtol=1e-10)

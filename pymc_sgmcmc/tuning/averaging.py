@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["NoiseEstimate", "WindowedMean", "gradient_noise"]
+__all__ = ["NoiseEstimate", "WindowedMean", "chunked_gradient_noise", "gradient_noise"]
 
 
 def gradient_noise(per_example_grads, full: bool = False):
@@ -17,6 +17,35 @@ def gradient_noise(per_example_grads, full: bool = False):
     if full:
         return centred.T @ centred / denom
     return jnp.sum(centred * centred, axis=0) / denom
+
+
+def chunked_gradient_noise(rows_fn, rows: int, dim: int, full: bool, chunk_work: int):
+    """:func:`gradient_noise` of the ``(rows, dim)`` values ``rows_fn(start, size)`` returns
+    for rows ``start .. start + size − 1``, about ``chunk_work / dim`` rows at a time (every row
+    of a large data set would not fit at once): sums of g and g gᵀ about a shift (the first
+    chunk's mean, against cancellation), in one compiled scan."""
+    import jax
+
+    from pymc_sgmcmc.minibatch import full_data_chunks
+
+    size = min(rows, max(256, chunk_work // max(dim, 1)))
+    if size >= rows:
+        return gradient_noise(rows_fn(0, rows), full=full)
+    starts, masks = full_data_chunks(rows, size)
+    shift = jnp.mean(rows_fn(0, size), axis=0)
+
+    def chunk(carry, xs):
+        total, square = carry
+        start, mask = xs
+        g = (rows_fn(start, size) - shift) * mask[:, None]
+        square = square + (g.T @ g if full else jnp.sum(g * g, axis=0))
+        return (total + jnp.sum(g, axis=0), square), None
+
+    zero_sq = jnp.zeros((dim, dim) if full else (dim,), dtype=shift.dtype)
+    (total, square), _ = jax.lax.scan(chunk, (jnp.zeros_like(shift), zero_sq), (starts, masks))
+    mean = total / rows
+    outer = jnp.outer(mean, mean) if full else mean * mean
+    return (square - rows * outer) / max(rows - 1, 1)
 
 
 @dataclass
