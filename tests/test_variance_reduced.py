@@ -5,6 +5,7 @@ PyMC model's own gradients, and posteriors against NUTS (through ``pm.sample(ste
 from __future__ import annotations
 
 import itertools
+import json
 
 import jax
 import jax.numpy as jnp
@@ -171,3 +172,26 @@ def logistic_nuts():
     build = logistic_model(20_000, 4, seed=8, scales=[1.0, 0.5, 2.0, 1.0])
     nuts = numpyro_nuts(build, draws=1000, tune=500, **SAMPLE)
     return build, _flat(nuts, "beta")
+
+
+@pytest.mark.parametrize("step_cls", [pmsg.SAGALD, pmsg.SVRGLD])
+def test_a_group_seen_in_one_row_caps_the_variance_reduced_step(step_cls):
+    # y_i ~ N(a[g_i], 1), a ~ N(0, 1): the group seen in one row has posterior curvature 1 + 1
+    # and that row's Hessian is 1, so max_i λmax(A⁻¹ H_i) = 1/2 exactly (every other group has
+    # ~100 rows, λ ≈ 1/101) and the row stiffness is (N/B)/2. The control variate feeds
+    # (N/B) H_i (θ − θ_stored) back at every visit of that row: the whitened step must stay
+    # below its inverse (radon's rare counties ran SAGA-LD away at the step cap 0.25).
+    rng = np.random.default_rng(0)
+    n = 5000
+    group = np.concatenate([[0], rng.integers(1, 50, n - 1)])
+    y = rng.normal(size=n)
+    with pm.Model():
+        a = pm.Normal("a", 0.0, 1.0, shape=50)
+        pm.Normal("y", a[pm.Data("g", group)], 1.0, observed=y)
+        step = step_cls()
+        idata = pm.sample(step=step, draws=20, tune=20, **{**SAMPLE, "chains": 1})
+    (settings,) = json.loads(idata.posterior.attrs["sgmcmc_settings"])
+    tuned = settings["chains"][0]
+    expected = (n / step.batch_size) / 2.0
+    np.testing.assert_allclose(tuned["row_stiffness"], expected, rtol=0.02)
+    assert tuned["whitened_step_size"] <= 1.0 / expected * (1 + 1e-9)

@@ -59,6 +59,10 @@ class Measurement:
     stability: float | None = None
     """``λmax(A⁻¹ H)`` for the measured diagonal ``A`` (the diagonal fallback, measured on the
     device by power iteration); None to compute it on the host from a dense ``curvature``."""
+    row_stiffness: float | None = None
+    """``(N/B)·max_i λmax(A⁻¹ H_i)``: the curvature one row adds to a minibatch that holds it,
+    in units of the posterior's (measured by the variance-reduced samplers, whose control
+    variate feeds it back); the step is capped at its inverse. None: not measured."""
 
 
 @dataclass(frozen=True)
@@ -208,6 +212,9 @@ class Tuner:
                 stiffest = float(measurement.stability)
             else:
                 stiffest = largest_eigenvalue(whitening.to_whitened(measurement.curvature))
+            if measurement.row_stiffness is not None:
+                report["row_stiffness"] = float(measurement.row_stiffness)
+                stiffest = max(stiffest, float(measurement.row_stiffness))
         self._stiffest = max(stiffest, 1e-300)
         if self.fisher.value is not None:
             f_z = whitening.to_whitened(self.fisher.value)
