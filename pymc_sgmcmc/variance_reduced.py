@@ -25,8 +25,6 @@ from pymc_sgmcmc.tuning.averaging import chunked_gradient_noise
 
 __all__ = ["SAGALD", "SVRGLD"]
 
-ROW_POWER_ITERATIONS = 6  # per-row power iteration for the row stiffness (rank-1 rows: 1 is exact)
-
 
 class _VarianceReducedLD(SGLD):
     """Shared parts: Langevin steps in the measured whitening and the automatic step size.
@@ -73,85 +71,7 @@ class _VarianceReducedLD(SGLD):
         noise = n**2 / b * noise_factor(n, b, self.minibatch) * c
         if not dense and noise.ndim == 2:
             noise = np.diag(noise)
-        if self._row_stiffness is None and getattr(self, "_search_rows", 0) == n:
-            self._row_stiffness = self._measure_row_stiffness(state, fixed, base.curvature)
-        return type(base)(base.curvature, noise, base.fisher, base.stability, self._row_stiffness)
-
-    def _reset_tuning(self) -> None:
-        super()._reset_tuning()
-        self._row_stiffness = None
-
-    def _measure_row_stiffness(self, state: Any, fixed: tuple, curvature: np.ndarray) -> float:
-        """``(N/B)·max_i λmax(A⁻¹ H_i)`` over every row ``i`` (``H_i`` the row's Hessian of the
-        potential, ``A`` the measured curvature), by a power iteration per row in whitened
-        coordinates, once per chain at its first measurement.
-
-        A minibatch that holds row ``i`` weighs it ``N/B``; in the estimator's control
-        variate that weight multiplies the row's change since its stored gradient,
-        ``(N/B) H_i (θ − θ_stored)``. Where one row carries much of a direction's curvature
-        (a county with one or two houses of radon's 12 573), a step of ``h`` then kicks
-        that direction by ``h·(N/B)·λ_i`` times how far the chain moved since the row was
-        last seen — a delayed feedback that ran SAGA-LD away at the step cap (one chain of
-        two to ~1 000 sds) and diverged SVRG-LD late in a chain; the tuner caps the step at
-        the inverse of this (radon with the cap 0.02 by hand: 0.11 sd, sd ratios 0.93-1.08)."""
-        import jax
-        import jax.numpy as jnp
-
-        from pymc_sgmcmc.minibatch import full_data_chunks
-        from pymc_sgmcmc.step_methods import NOISE_CHUNK_WORK
-        from pymc_sgmcmc.tuning.whitening import Whitening
-
-        compiled = self._compile()
-        fn = compiled.get("row_stiffness")
-        n, b = self.problem.data_size, self.batch_size
-        dim = self.problem.dim
-        if fn is None:
-            loglik_rows = self.problem.jax_functions()["loglik_rows"]
-            size = min(n, max(64, NOISE_CHUNK_WORK // max(dim * dim // 16, dim, 1)))
-            starts, masks = full_data_chunks(n, size)
-
-            def row_hvp(position, fixed, row, u):
-                # H_i u for one row: the Hessian of the row's potential along u.
-                def grad_u(th):
-                    one = tuple(a[None] for a in row)
-                    return jax.grad(lambda t: -jnp.sum(loglik_rows(t, fixed, one)))(th)
-
-                return jax.jvp(grad_u, (position,), (u,))[1]
-
-            def largest(position, fixed, data, factor):
-                dense = factor.ndim == 2
-
-                def to_theta(v):  # L v, rows of v
-                    return v @ factor.T if dense else v * factor
-
-                def to_white(g):  # Lᵀ g
-                    return g @ factor if dense else g * factor
-
-                def chunk(best, xs):
-                    start, mask = xs
-                    rows = tuple(jax.lax.dynamic_slice_in_dim(a, start, size) for a in data)
-                    key = jax.random.fold_in(jax.random.PRNGKey(0), start)
-                    v = jax.random.normal(key, (size, dim), dtype=position.dtype)
-                    hvp = jax.vmap(row_hvp, in_axes=(None, None, 0, 0))
-
-                    def power(v, _):
-                        w = to_white(hvp(position, fixed, rows, to_theta(v)))
-                        norm = jnp.linalg.norm(w, axis=1, keepdims=True)
-                        return w / jnp.maximum(norm, 1e-300), None
-
-                    v, _ = jax.lax.scan(power, v, None, length=ROW_POWER_ITERATIONS)
-                    w = to_white(hvp(position, fixed, rows, to_theta(v)))
-                    lam = jnp.abs(jnp.sum(v * w, axis=1))
-                    return jnp.maximum(best, jnp.max(jnp.where(mask, lam, 0.0))), None
-
-                best, _ = jax.lax.scan(chunk, jnp.zeros((), position.dtype), (starts, masks))
-                return best
-
-            fn = compiled["row_stiffness"] = jax.jit(largest)
-        factor = np.asarray(Whitening.from_curvature(curvature).factor(), dtype=self.problem.dtype)
-        data = tuple(a[:n] for a in compiled["data"])
-        lam = float(fn(state.position, fixed, data, factor))
-        return (n / b) * lam if np.isfinite(lam) else None
+        return type(base)(base.curvature, noise, base.fisher, base.stability, base.row_stiffness)
 
     def _build_vr_noise(self, compiled: dict[str, Any]):
         import jax

@@ -61,8 +61,8 @@ class Measurement:
     device by power iteration); None to compute it on the host from a dense ``curvature``."""
     row_stiffness: float | None = None
     """``(N/B)·max_i λmax(A⁻¹ H_i)``: the curvature one row adds to a minibatch that holds it,
-    in units of the posterior's (measured by the variance-reduced samplers, whose control
-    variate feeds it back); the step is capped at its inverse. None: not measured."""
+    in units of the posterior's (measured on every row where tuning reads every row); the
+    step is capped at its inverse. None: not measured."""
 
 
 @dataclass(frozen=True)
