@@ -250,6 +250,16 @@ def install() -> None:
 
     @functools.wraps(assign_original)
     def assign_step_methods(*args: Any, **kwargs: Any) -> Any:
+        # pm.sample(step=pmsg.IASG(), model=m) with the step built outside `with m:`: bind
+        # it to the model being sampled (pymc_sgmcmc.step_methods.UnboundStep).
+        from pymc_sgmcmc.step_methods import bind_steps
+
+        args = list(args)
+        model = args[0] if args else kwargs.get("model")
+        if len(args) > 1:
+            args[1] = bind_steps(args[1], model)
+        elif "step" in kwargs:
+            kwargs["step"] = bind_steps(kwargs["step"], model)
         result = assign_original(*args, **kwargs)
         provided = result[0] if isinstance(result, tuple) else []
         _STEPS.set(_ours(list(provided)) or None)

@@ -39,7 +39,7 @@ from pytensor.tensor.exceptions import NotScalarConstantError
 from pytensor.tensor.random.type import RandomType
 from pytensor.tensor.shape import SpecifyShape
 
-from pymc_sgmcmc.errors import DataShapeError, ModelNotSupportedError
+from pymc_sgmcmc.errors import DataShapeError, ModelNotSupportedError, non_finite_rows
 
 __all__ = ["ROW_INDEX", "MinibatchProblem", "VarInfo", "build_problem"]
 
@@ -856,14 +856,7 @@ def _check_finite_rows(name: str, value: Any, data_size: int) -> None:
         return
     bad = ~np.isfinite(array.reshape(array.shape[0], -1)).all(axis=1)
     rows = np.flatnonzero(bad)
-    first = int(rows[0])
-    raise DataShapeError(
-        f"The data in {name} ({shape}) have non-finite values (NaN or inf) in "
-        f"{rows.size} of {data_size} rows, the first at row {first}: "
-        f"{np.asarray(array[first]).tolist()!r}. Missing values are not supported in "
-        "minibatched data: drop those rows (e.g. mask = np.isfinite(X).all(axis=1); "
-        "X, y = X[mask], y[mask]) or complete them (impute) before building the model."
-    )
+    raise non_finite_rows(name, array.shape, rows, array[rows[0]], data_size, streamed=False)
 
 
 def _probe_rows(

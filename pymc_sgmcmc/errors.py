@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 from pymc.exceptions import SamplingError
 
 __all__ = ["DataShapeError", "DivergenceError", "ModelNotSupportedError"]
@@ -13,6 +16,30 @@ class ModelNotSupportedError(ValueError):
 
 class DataShapeError(ValueError):
     """Data containers or ``batch_size`` are inconsistent with the data axis."""
+
+
+def non_finite_rows(
+    name: str, shape: tuple, rows: np.ndarray, values: Any, data_size: int, *, streamed: bool
+) -> DataShapeError:
+    """The error for NaN or inf in minibatched data: ``rows`` are the bad rows' numbers
+    (all of them in memory; those in the chunk just read when ``streamed``)."""
+    where = (
+        f"at row {int(rows[0])} (found in a chunk read while sampling; the array has "
+        f"{data_size} rows)"
+        if streamed
+        else f"in {rows.size} of {data_size} rows, the first at row {int(rows[0])}"
+    )
+    how = (
+        "write a copy without them (or with them completed) and pass that as data="
+        if streamed
+        else "drop those rows (e.g. mask = np.isfinite(X).all(axis=1); X, y = X[mask], "
+        "y[mask]) or complete them (impute) before building the model"
+    )
+    return DataShapeError(
+        f"The data in {name} ({'x'.join(map(str, shape))}) have non-finite values (NaN or "
+        f"inf) {where}: {np.asarray(values).tolist()!r}. Missing values are not supported in "
+        f"minibatched data: {how}."
+    )
 
 
 class DivergenceError(SamplingError):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +151,9 @@ def read_draws(path: str | os.PathLike, *, include_tune: bool = False) -> Any:
     """InferenceData of the draws a :class:`DrawWriter` wrote to ``path`` so far.
 
     Chains are cut to the length of the shortest (after dropping tuning draws unless
-    ``include_tune``); a partially written last record is ignored. The ``posterior`` holds
+    ``include_tune``); a partially written last record is ignored. A chain whose file holds
+    no complete draw (yet) is left out with a warning naming it, and the ``chain``
+    coordinate keeps the other chains' numbers. The ``posterior`` holds
     the model's free variables (constrained) and deterministics, ``sample_stats`` the kept
     stats (``diverging`` as bool), and both record the draw indices as ``draw`` coordinates.
     """
@@ -161,15 +164,33 @@ def read_draws(path: str | os.PathLike, *, include_tune: bool = False) -> Any:
     variables = meta["variables"]
     sizes = [int(np.prod(v["shape"], dtype=int)) for v in variables]
     width = 2 + sum(sizes) + len(meta["stats"])
-    chains = []
+    chains, numbers, empty = [], [], []
     for file in sorted(path.glob("chain-*.bin"), key=lambda p: int(p.stem.split("-")[1])):
         raw = np.fromfile(file, dtype=np.float64)
         records = raw[: raw.size // width * width].reshape(-1, width)
         if not include_tune:
             records = records[records[:, 1] == 0]
-        chains.append(records)
-    if not chains or min(len(c) for c in chains) == 0:
-        raise ValueError(f"{str(path)!r} holds no complete draws yet.")
+        if len(records):
+            chains.append(records)
+            numbers.append(int(file.stem.split("-")[1]))
+        else:
+            empty.append(file.name)
+    if not chains:
+        raise ValueError(
+            f"{str(path)!r} holds no complete draws yet"
+            + (f" ({', '.join(empty)} hold none after tuning)." if empty else ".")
+            + (" Pass include_tune=True to read the tuning draws." if empty else "")
+        )
+    if empty:
+        warnings.warn(
+            f"read_draws({str(path)!r}): {', '.join(empty)} "
+            f"{'holds' if len(empty) == 1 else 'hold'} no complete "
+            f"{'draws' if include_tune else 'draws after tuning'} and "
+            f"{'is' if len(empty) == 1 else 'are'} left out; returning chains "
+            f"{', '.join(map(str, numbers))}.",
+            UserWarning,
+            stacklevel=2,
+        )
     length = min(len(c) for c in chains)
     data = np.stack([c[:length] for c in chains])  # (chain, draw, width)
     posterior: dict[str, np.ndarray] = {}
@@ -190,4 +211,5 @@ def read_draws(path: str | os.PathLike, *, include_tune: bool = False) -> Any:
     dims = {k: v for k, v in meta["dims"].items() if k in posterior}
     draw_index = data[0, :, 0].astype(int)
     coords["draw"] = draw_index
+    coords["chain"] = numbers
     return az.from_dict(posterior=posterior, sample_stats=stats, coords=coords, dims=dims)

@@ -41,7 +41,7 @@ import numpy as np
 import pymc as pm
 
 from pymc_sgmcmc.errors import DivergenceError, ModelNotSupportedError
-from pymc_sgmcmc.step_methods import SGMCMCStep
+from pymc_sgmcmc.step_methods import SGMCMCStep, bind_steps
 
 __all__ = ["sample"]
 
@@ -85,7 +85,8 @@ def sample(
         As for ``pm.sample``; the same seed gives the same initial points and PRNG keys as
         ``pm.sample(step=..., random_seed=...)`` (see Notes).
     model
-        Default: the model on the context stack (it must be the step's model).
+        Default: the model on the context stack. It must be the step's model; a step built
+        outside any ``with model:`` (``pmsg.IASG()`` at top level) is bound to this one.
     progressbar
         ``True``/``False`` or one of PyMC's progress-bar modes (``"combined"``, ``"split"``,
         ...). Tuning draws move it every draw; the sampling draws between chunks.
@@ -172,6 +173,7 @@ def sample(
     from pymc.util import get_random_generator
 
     model = pm.modelcontext(model)
+    step = bind_steps(step, model)  # a step built outside `with model:` (UnboundStep)
     _check_arguments(step, model, draws, tune, chains, chunks, random_seed)
     if cores is not None and (
         isinstance(cores, bool) or not isinstance(cores, int | np.integer) or cores < 1

@@ -26,7 +26,12 @@ from pymc.util import get_random_generator
 
 from pymc_sgmcmc.bridge import MinibatchProblem, build_problem
 from pymc_sgmcmc.diagnostics import MAX_CHECKED, check_indices, predicted_sd_ratio
-from pymc_sgmcmc.errors import DataShapeError, DivergenceError, ModelNotSupportedError
+from pymc_sgmcmc.errors import (
+    DataShapeError,
+    DivergenceError,
+    ModelNotSupportedError,
+    non_finite_rows,
+)
 from pymc_sgmcmc.kernels.preconditioning import apply_preconditioner
 from pymc_sgmcmc.minibatch import (
     MinibatchScheme,
@@ -126,6 +131,56 @@ def default_batch_size(data_size: int) -> int:
 
 
 @dataclass_state
+class UnboundStep:
+    """A step built with no model in context, waiting for the model it will sample.
+
+    ``pmsg.IASG()`` outside ``with model:`` returns one of these; ``pm.sample(step=...,
+    model=m)``, ``pm.sample`` inside ``with m:`` and ``pmsg.sample(step=..., model=m)`` build
+    the real step for ``m`` with the same arguments (:meth:`bind`). Anything else asked of it
+    (its tuned settings, its problem) says how to bind it.
+    """
+
+    def __init__(self, cls: type, args: tuple, kwargs: dict) -> None:
+        self._cls, self._args, self._kwargs = cls, args, dict(kwargs)
+
+    def bind(self, model: pm.Model | None = None) -> SGMCMCStep:
+        """The step for ``model`` (default: the model on the context stack)."""
+        name = self._cls.__name__
+        try:
+            model = pm.modelcontext(model)
+        except TypeError as error:
+            raise TypeError(
+                f"{name}() was built with no model: build it inside `with model:` "
+                f"(`with model: pm.sample(step=pmsg.{name}())`), pass it "
+                f"(pmsg.{name}(model=model)), or give the model to the sampler "
+                f"(pm.sample(step=step, model=model) or pmsg.sample(step=step, model=model))."
+            ) from error
+        return self._cls(*self._args, **{**self._kwargs, "model": model})
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        name = self._cls.__name__
+        raise AttributeError(
+            f"{name}() has no model yet, so no {attr!r}: it was built outside `with model:`. "
+            f"Sample with it (pm.sample(step=step, model=model) or pmsg.sample(step=step, "
+            f"model=model)), or build it with pmsg.{name}(model=model)."
+        )
+
+    def __repr__(self) -> str:
+        given = [repr(a) for a in self._args] + [f"{k}={v!r}" for k, v in self._kwargs.items()]
+        return f"{self._cls.__name__}({', '.join(given)})  # not bound to a model yet"
+
+
+def bind_steps(step: Any, model: pm.Model | None) -> Any:
+    """``step`` (a step, a list of steps or None) with every :class:`UnboundStep` bound."""
+    if isinstance(step, UnboundStep):
+        return step.bind(model)
+    if isinstance(step, list | tuple) and any(isinstance(s, UnboundStep) for s in step):
+        return type(step)(bind_steps(s, model) for s in step)
+    return step
+
+
 class SGMCMCStepState(StepMethodState):
     chain_state: Any = field(default=None)
     tune: bool = True
@@ -224,18 +279,14 @@ class SGMCMCStep(BlockedStep):
     }
     _state_class = SGMCMCStepState
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> SGMCMCStep:
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         # PyMC's BlockedStep.__new__ looks the model up first ("No model on context stack.").
+        # Built with no model in context and none passed, the step waits for one: an
+        # UnboundStep that pm.sample / pmsg.sample bind to the model they sample.
         try:
             pm.modelcontext(kwargs.get("model"))
-        except TypeError as error:
-            name = cls.__name__
-            raise TypeError(
-                f"{name}() needs the model it samples: build it inside `with model:` "
-                f"(`with model: pm.sample(step=pmsg.{name}())`), or pass it: "
-                f"pmsg.{name}(model=model). The step reads the model's variables and data "
-                "when it is built, so pmsg.sample(model=...) alone cannot bind it."
-            ) from error
+        except TypeError:
+            return UnboundStep(cls, args, kwargs)
         return super().__new__(cls, *args, **kwargs)
 
     def __init__(
@@ -1152,11 +1203,30 @@ class SGMCMCStep(BlockedStep):
         return self._read_rows(np.sort(rng.integers(0, self.problem.data_size, count)), 1)
 
     def _read_rows(self, starts: np.ndarray, length: int) -> tuple[np.ndarray, ...]:
+        """Rows ``(start + 0..length−1) mod N`` of every streamed array, checked finite as
+        they are read (the in-memory data are checked when the problem is built)."""
         compiled = self._compile()
-        return tuple(
-            np.asarray(source.read(starts, length), dtype=dtype)
-            for source, dtype in zip(compiled["sources"], compiled["batch_dtypes"], strict=True)
-        )
+        chunks = []
+        for name, source, dtype in zip(
+            self.problem.data_names, compiled["sources"], compiled["batch_dtypes"], strict=True
+        ):
+            rows = np.asarray(source.read(starts, length))
+            if rows.dtype.kind == "f":
+                finite = np.isfinite(rows.reshape(len(rows), -1)).all(axis=1)
+                if not finite.all():
+                    at = np.flatnonzero(~finite)
+                    numbers = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(length)
+                    numbers = numbers.reshape(-1) % source.n
+                    raise non_finite_rows(
+                        f"data[{name!r}]",
+                        source.shape,
+                        numbers[at],
+                        rows[at[0]],
+                        source.n,
+                        streamed=True,
+                    )
+            chunks.append(np.asarray(rows, dtype=dtype))
+        return tuple(chunks)
 
     def _run_draw(self, key: Any, state: Any, fixed: tuple, params: dict, draw_index: int):
         """One draw: ``(key, state, emitted, stats)``. In memory one compiled scan;

@@ -479,10 +479,20 @@ def test_target_accept_with_an_sg_step_says_it_is_nuts_own():
             pm.sample(step=pmsg.IASG(), target_accept=0.9, **SAMPLE)
 
 
-def test_a_step_built_outside_a_model_says_how_to_bind_it():
+def test_a_step_built_outside_a_model_is_bound_by_the_sampler():
     model = _regression()
-    with pytest.raises(TypeError, match=r"IASG\(\) needs the model.*pmsg.IASG\(model=model\)"):
-        pmsg.IASG()
-    step = pmsg.IASG(model=model)  # the fix the message names
-    idata = pmsg.sample(step=step, model=model, draws=20, tune=10, chains=1, progressbar=False)
-    assert idata.posterior["b"].shape == (1, 20, 2)
+    step = pmsg.IASG(batch_size=50)  # no model in context: waits for one
+    assert "not bound to a model yet" in repr(step)
+    with pytest.raises(AttributeError, match=r"IASG\(\) has no model yet.*model=model"):
+        _ = step.problem
+    kwargs = dict(draws=20, tune=10, chains=1, progressbar=False, random_seed=3)
+    vectorised = pmsg.sample(step=step, model=model, **kwargs)
+    with model:
+        inside = pmsg.sample(step=pmsg.IASG(batch_size=50), **kwargs)
+    np.testing.assert_array_equal(vectorised.posterior["b"], inside.posterior["b"])
+    # pm.sample binds it too, with model= or inside `with model:`.
+    drawn = pm.sample(step=step, model=model, compute_convergence_checks=False, **kwargs)
+    assert drawn.posterior["b"].shape == (1, 20, 2)
+    assert drawn.posterior.attrs["sgmcmc_samplers"] == "IASG"
+    with pytest.raises(TypeError, match=r"IASG\(\) was built with no model.*model=model"):
+        step.bind()

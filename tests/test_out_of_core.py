@@ -146,3 +146,21 @@ def test_out_of_core_data_errors(on_disk, regression):
             pmsg.ModelNotSupportedError, match="SAGALD.*cannot read its data from disk"
         ):
             pmsg.SAGALD(data={"X": Xm, "y_obs": ym})
+
+
+def test_non_finite_rows_on_disk_are_named_as_they_are_read(regression, tmp_path):
+    # The file is not read up front (it may be larger than memory): every chunk is checked
+    # as it is read, and the error names the container, the row and the fix, as in memory.
+    X, y, _, _ = regression
+    bad = X.copy()
+    bad[31_337, 2] = np.nan
+    np.save(tmp_path / "X.npy", bad)
+    Xm = np.load(tmp_path / "X.npy", mmap_mode="r")
+    with placeholder_model(X, y):
+        step = pmsg.SGLD(data={"X": Xm, "y_obs": y}, minibatch="random")
+        with pytest.raises(
+            pmsg.DataShapeError,
+            match=r"data\['X'\] \(50000x4\) have non-finite values \(NaN or inf\) at row 31337"
+            r".*Missing values are not supported.*pass that as data=",
+        ):
+            pm.sample(step=step, draws=5, tune=5, random_seed=1, **SAMPLE)

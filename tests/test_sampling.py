@@ -108,6 +108,13 @@ def test_seeds_reproduce_and_differ_and_cores_do_not_matter(model, tmp_path):
     # the callback saw every draw (pmsg.DrawWriter: draws written as they come)
     written = pmsg.read_draws(tmp_path / "draws")
     np.testing.assert_array_equal(written.posterior["beta"], a.posterior["beta"])
+    # a chain whose file is empty (its process killed before the first write) is left out,
+    # named, and the complete chain is returned
+    (tmp_path / "draws" / "chain-0.bin").write_bytes(b"")
+    with pytest.warns(UserWarning, match=r"chain-0\.bin holds no complete draws.*chains 1"):
+        kept = pmsg.read_draws(tmp_path / "draws")
+    assert list(kept.posterior.chain.values) == [1]
+    np.testing.assert_array_equal(kept.posterior["beta"][0], a.posterior["beta"][1])
 
 
 # --- divergence ----------------------------------------------------------------------------
