@@ -58,6 +58,11 @@ _DIVERGED: contextvars.ContextVar[list | None] = contextvars.ContextVar(
     "pmsg_diverged", default=None
 )
 _INSTALLED = False
+# Set when Ctrl-C stopped one of our chains: the chains after it are not started (PyMC's
+# sequential loop would start the next chain and then drop the interrupted one).
+_INTERRUPTED: contextvars.ContextVar[tuple | None] = contextvars.ContextVar(
+    "pmsg_interrupted", default=None
+)
 _CHAIN: int | None = None  # the chain this process is sampling (see current_chain)
 
 
@@ -221,13 +226,21 @@ def install() -> None:
     def _sample(*args: Any, **kwargs: Any) -> Any:
         global _CHAIN
         _CHAIN = kwargs.get("chain")
+        ours = bool(_STEPS.get())
+        if ours and _INTERRUPTED.get() is not None:
+            return None  # Ctrl-C stopped an earlier chain: return what was drawn so far
         try:
-            return sample_original(*args, **kwargs)
+            result = sample_original(*args, **kwargs)
         except DivergenceError as error:
             if stopped(error) is None:
                 raise
             record(kwargs.get("chain"), error)  # the trace was closed by _iter_sample
             return None
+        trace, draws = kwargs.get("trace"), kwargs.get("draws")
+        if ours and trace is not None and draws is not None and len(trace) < draws:
+            # PyMC's _sample swallows the KeyboardInterrupt and returns early.
+            _INTERRUPTED.set((kwargs.get("chain"), len(trace)))
+        return result
 
     @functools.wraps(mp_sample_original)
     def _mp_sample(*args: Any, **kwargs: Any) -> Any:
@@ -271,6 +284,17 @@ def install() -> None:
         _STEPS.set(None)
         diverged = _DIVERGED.get()
         _DIVERGED.set(None)
+        interrupted = _INTERRUPTED.get()
+        _INTERRUPTED.set(None)
+        if interrupted is not None:
+            import logging
+
+            chain, done = interrupted
+            logging.getLogger("pymc").warning(
+                f"pymc_sgmcmc: interrupted in chain {chain} after {done} draws (tuning "
+                "included); the chains after it were not started. Returning the draws so far "
+                "(PyMC keeps the chains and length that give the most draws)."
+            )
         result = return_original(*args, **kwargs)
         if steps and hasattr(result, "groups"):
             entries = step_entries(steps, _tuned_from_stats(result))

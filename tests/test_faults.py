@@ -336,3 +336,39 @@ def test_draws_written_as_they_come_survive_a_killed_process(tmp_path):
     assert "diverging" in idata.sample_stats and "step_size" in idata.sample_stats
     tuning = pmsg.read_draws(store, include_tune=True)
     assert tuning.posterior["draw"].values[0] == 0
+
+
+_INTERRUPT_FIRST_CHAIN_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, numpy as np, pymc as pm, pymc_sgmcmc as pmsg
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(4000, 2)); y = X @ [1.0, -0.5] + rng.normal(size=4000)
+
+    def callback(trace, draw):  # Ctrl-C, delivered in the middle of chain 0
+        if draw.chain == 0 and draw.draw_idx == 100:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pm.Model():
+        b = pm.Normal("b", 0, 1, shape=2)
+        pm.Normal("y", pm.Data("X", X) @ b, 1.0, observed=y)
+        idata = pm.sample(step=pmsg.SGLD(batch_size=200), draws=400, tune=10, chains=3,
+                          cores=2, random_seed=1, progressbar=False, callback=callback,
+                          compute_convergence_checks=False)
+    print("SHAPE", *idata.posterior["b"].shape)
+    """
+)
+
+
+def test_sigint_in_a_chain_stops_the_run_and_keeps_its_draws():
+    # PyMC's sequential loop swallows the interrupt, starts the next chain and, at the end,
+    # keeps the longest chains: the interrupted one's draws were dropped and Ctrl-C had to
+    # be pressed once per chain. With an SG step the run stops and returns the draws so far.
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERRUPT_FIRST_CHAIN_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "SHAPE 1 91 2" in done.stdout, done.stdout + done.stderr[-3000:]
+    assert "interrupted in chain 0 after 101 draws" in done.stderr
