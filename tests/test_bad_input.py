@@ -176,6 +176,8 @@ def test_a_deterministic_of_an_observed_variable_is_not_taken_for_an_imputation(
 
 
 # --- 6. pm.Minibatch / total_size in the model ------------------------------------------
+# A model written for minibatch ADVI is sampled as its full-data equivalent (tests/
+# test_advi_models.py); refused only where it has none.
 
 
 def _pm_minibatch_model(kind: str) -> pm.Model:
@@ -187,47 +189,108 @@ def _pm_minibatch_model(kind: str) -> pm.Model:
             if kind == "minibatch + total_size":
                 Xm, ym = pm.Minibatch(pm.Data("X", X), pm.Data("y_data", y), batch_size=30)
                 pm.Normal("y", Xm @ b, 1.0, observed=ym, total_size=N)
+            elif kind == "minibatch + wrong total_size":
+                Xm, ym = pm.Minibatch(pm.Data("X", X), pm.Data("y_data", y), batch_size=30)
+                pm.Normal("y", Xm @ b, 1.0, observed=ym, total_size=10 * N)
             elif kind == "minibatch without total_size":
                 Xm, ym = pm.Minibatch(X, y, batch_size=30)
                 pm.Normal("y", Xm @ b, 1.0, observed=ym)
             elif kind == "minibatched covariate only":
                 Xm = pm.Minibatch(X, batch_size=30)
                 pm.Normal("y", Xm @ b, 1.0, observed=y[:30])
+            elif kind == "potential on a minibatch":
+                Xm, ym = pm.Minibatch(X, y, batch_size=30)
+                pm.Normal("y", Xm @ b, 1.0, observed=ym, total_size=N)
+                pm.Potential("penalty", -((Xm @ b) ** 2).sum())
+            elif kind == "free variable on a minibatch":
+                Xm, ym = pm.Minibatch(X, y, batch_size=30)
+                z = pm.Normal("z", Xm @ b, 1.0)
+                pm.Normal("y", z, 1.0, observed=ym, total_size=N)
     return model
 
 
+def test_pm_minibatch_with_total_size_is_read_as_the_full_data_model():
+    problem = pmsg.build_problem(_pm_minibatch_model("minibatch + total_size"))
+    full = pmsg.build_problem(_regression())
+    assert problem.data_size == N
+    assert problem.data_names == ("y", "X") and problem.minibatched_observed == ("y",)
+    np.testing.assert_array_equal(problem.data[1], full.data[full.data_names.index("X")])
+    model = _pm_minibatch_model("minibatch + total_size")
+    forced = pmsg.build_problem(model, minibatch_data=[model["y"], "X"])
+    assert forced.data_names == ("y", "X") and forced.model is model
+    # The user's pm.Minibatch batch_size (30) is not the sampler's.
+    with _pm_minibatch_model("minibatch + total_size"):
+        assert pmsg.SGLD().batch_size == N  # N <= 4096 rows: one full batch by default
+        assert pmsg.SGLD(batch_size=50).batch_size == 50
+
+
 @pytest.mark.parametrize(
-    ("kind", "fragment"),
+    ("kind", "message"),
     [
-        ("minibatch + total_size", r"rows of 'X', 'y_data' with batch_size=30"),
-        ("minibatch without total_size", r"rows of an array of shape \(300, 2\)"),
-        ("minibatched covariate only", r"rows of an array of shape \(300, 2\) with batch_size=30"),
+        (
+            "minibatch + wrong total_size",
+            r"Observed variable 'y' has total_size=3000, but the full data that pm\.Minibatch "
+            r"slices have N=300 rows.*Pass total_size=300",
+        ),
+        (
+            "minibatched covariate only",
+            r"Observed variable 'y' reads covariates through pm\.Minibatch \(rows of an array "
+            r"of shape \(300, 2\) with batch_size=30\) but not its observed data.*"
+            r"pm\.Minibatch\(X, y, batch_size=\.\.\.\)",
+        ),
+        (
+            "potential on a minibatch",
+            r"Potential 'penalty' reads data through pm\.Minibatch.*no full-data equivalent",
+        ),
+        (
+            "free variable on a minibatch",
+            r"Free variable 'z' reads data through pm\.Minibatch.*local_vars=",
+        ),
     ],
+    ids=["wrong total_size", "covariate only", "potential", "free variable"],
 )
-def test_pm_minibatch_in_the_model_is_refused(kind, fragment):
+def test_pm_minibatch_without_a_full_data_equivalent_is_refused(kind, message):
     model = _pm_minibatch_model(kind)
-    with pytest.raises(
-        ModelNotSupportedError,
-        match=rf"Observed variable 'y' reads data through pm\.Minibatch \({fragment}.*\)"
-        r".*pass the full arrays.*drop total_size=.*batch_size=",
-    ):
+    with pytest.raises(ModelNotSupportedError, match=message):
         pmsg.build_problem(model)
     with model:
-        with pytest.raises(ModelNotSupportedError, match=r"'y' reads data through pm\.Minibatch"):
+        with pytest.raises(ModelNotSupportedError, match=message):
             pmsg.SGLD(batch_size=30)
 
 
-def test_total_size_in_the_model_is_refused():
-    # Full data with total_size=: PyMC would rescale each minibatch by total_size/B, and the
-    # sampler by N/B again.
+def test_pm_minibatch_without_total_size_warns_and_samples_the_full_data_model():
+    model = _pm_minibatch_model("minibatch without total_size")
+    with model:
+        with pytest.warns(
+            UserWarning,
+            match=r"Observed variable 'y' reads its rows through pm\.Minibatch \(batch_size=30\) "
+            r"without total_size=.*full data \(all N=300 rows\).*weighted its likelihood as 30 "
+            r"rows instead of 300.*total_size=300",
+        ) as record:
+            step = pmsg.SGLD(batch_size=50)
+        assert record[0].filename == __file__  # points at the user's line
+        idata = pm.sample(step=step, **SAMPLE, random_seed=3)
+    assert step.problem.data_size == N
+    assert np.isfinite(idata.posterior["b"].values).all()
+
+
+def test_total_size_other_than_the_number_of_rows_is_refused():
+    # Full data with total_size=: PyMC would rescale the likelihood by total_size/N; the
+    # samplers sample the full-data posterior, so only total_size = N has a meaning.
     X, y = _data()
     with pm.Model() as model:
         b = pm.Normal("b", 0, 1, shape=2)
         pm.Normal("y", X @ b, 1.0, observed=y, total_size=10 * N)
     with pytest.raises(
-        ModelNotSupportedError, match=r"Observed variable 'y' has total_size=.*drop total_size="
+        ModelNotSupportedError,
+        match=r"Observed variable 'y' has total_size=3000, but the full data have N=300 rows"
+        r".*Pass total_size=300 .*or drop total_size=",
     ):
         pmsg.build_problem(model)
+    with pm.Model() as model:
+        b = pm.Normal("b", 0, 1, shape=2)
+        pm.Normal("y", X @ b, 1.0, observed=y, total_size=N)
+    assert pmsg.build_problem(model).data_size == N
 
 
 # --- 7. unknown keyword arguments and bad settings --------------------------------------
