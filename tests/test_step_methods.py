@@ -139,8 +139,9 @@ def test_cores_2_runs_the_chains_in_this_process(model, monkeypatch):
 
 
 def test_an_unguarded_script_samples_with_cores_2_and_nuts_is_left_alone():
-    # A plain script without `if __name__ == "__main__":` (how users write them): an SG fit
-    # with cores=2 after JAX started, then NUTS with cores=2. With forkserver workers (until
+    # A plain script without `if __name__ == "__main__":` (how users write them): SG fits
+    # with cores=1 and cores=2 and a compound SG + Metropolis step with cores=2 after JAX
+    # started, then NUTS with cores=2. With forkserver workers (until
     # 0.1) the script was re-executed in every worker and failed in its bootstrapping phase;
     # PyMC's own choice of start method for NUTS must be untouched.
     script = textwrap.dedent(
@@ -153,12 +154,17 @@ def test_an_unguarded_script_samples_with_cores_2_and_nuts_is_left_alone():
         X = rng.normal(size=(500, 2)); y = X @ [1.0, 2.0] + rng.normal(size=500)
         with pm.Model():
             b = pm.Normal("b", 0, 1, shape=2)
-            pm.Normal("y", X @ b, 1.0, observed=y)
+            s = pm.HalfNormal("s", 2.0)
+            pm.Normal("y", X @ b, s, observed=y)
             kw = dict(draws=50, tune=50, chains=2, random_seed=1, progressbar=False,
                       compute_convergence_checks=False)
             one = pm.sample(step=pmsg.IASG(batch_size=50), cores=1, **kw)
             two = pm.sample(step=pmsg.IASG(batch_size=50), cores=2, **kw)
             assert np.array_equal(one.posterior["b"].values, two.posterior["b"].values)
+            # a compound step (the discrete-variable recipe) runs in this process too
+            mixed = pm.sample(step=[pmsg.SGLD(vars=[b], batch_size=50), pm.Metropolis([s])],
+                              cores=2, **kw)
+            assert mixed.posterior["s"].shape == (2, 50)
             assert not hasattr(mcmc._initialize_multiprocessing_context, "__wrapped__")
             nuts = pm.sample(cores=2, **kw)
         assert nuts.posterior["b"].shape == (2, 50, 2)
