@@ -18,6 +18,7 @@ from pymc_sgmcmc._hooks import install as _install_hooks
 from pymc_sgmcmc.bridge import MinibatchProblem, build_problem
 from pymc_sgmcmc.compare import compare, plot_compare
 from pymc_sgmcmc.errors import DataShapeError, DivergenceError, ModelNotSupportedError
+from pymc_sgmcmc.model_checking import ElpdDifference, LooSubsample, log_likelihood, loo_subsample
 from pymc_sgmcmc.recording import DrawWriter, read_draws
 from pymc_sgmcmc.sampling import sample
 from pymc_sgmcmc.sgfs import SGFS
@@ -36,11 +37,15 @@ __all__ = [
     "DataShapeError",
     "DivergenceError",
     "DrawWriter",
+    "ElpdDifference",
+    "LooSubsample",
     "MinibatchProblem",
     "ModelNotSupportedError",
     "SGMCMCStep",
     "build_problem",
     "compare",
+    "log_likelihood",
+    "loo_subsample",
     "plot_compare",
     "read_draws",
     "sample",
