@@ -485,15 +485,22 @@ def _total_size(rv: Variable, rescaled_ops: tuple[type, ...]) -> list[int | None
     return sizes
 
 
-def _numeric_shape(var: Variable) -> tuple[int, ...]:
-    """The shape of a data graph (a container, a constant, or a cast of one)."""
+def _uncast(var: Variable) -> Variable:
+    """``var`` without a dtype cast on top: observed values given as a pm.Data container of
+    another dtype (an integer container under a Bernoulli) arrive wrapped in a Cast."""
     owner = var.owner
     if (
         owner is not None
         and isinstance(owner.op, Elemwise)
         and isinstance(owner.op.scalar_op, ScalarCast)
     ):
-        var = owner.inputs[0]
+        return owner.inputs[0]
+    return var
+
+
+def _numeric_shape(var: Variable) -> tuple[int, ...]:
+    """The shape of a data graph (a container, a constant, or a cast of one)."""
+    var = _uncast(var)
     value = _data_leaf_value(var)
     if value is not None:
         return tuple(int(s) for s in np.shape(value))
@@ -882,15 +889,7 @@ def build_problem(
     observed_owner = {val: rv.name for rv, val in observed_value.items()}
 
     def leading(var: Variable) -> int | None:
-        # Observed values given as a pm.Data container of another dtype (an integer container
-        # under a Bernoulli) arrive wrapped in a Cast: its rows are the container's.
-        owner = var.owner
-        if (
-            owner is not None
-            and isinstance(owner.op, Elemwise)
-            and isinstance(owner.op.scalar_op, ScalarCast)
-        ):
-            var = owner.inputs[0]
+        var = _uncast(var)  # a cast container's rows are the container's
         value = _data_leaf_value(var)
         if value is None or value.ndim == 0:
             return None
