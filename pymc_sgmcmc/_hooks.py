@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from pymc_sgmcmc.diagnostics import run_checks
-from pymc_sgmcmc.errors import DivergenceError
+from pymc_sgmcmc.errors import DivergenceError, ModelNotSupportedError
 
 __all__ = ["install", "sgmcmc_attrs", "step_entries", "variational_group"]
 
@@ -97,6 +97,31 @@ def _ours(steps: Any) -> list:
         elif isinstance(s, SGMCMCStep):
             out.append(s)
     return out
+
+
+def _refuse_pymc_steps_on_minibatches(model: Any, provided: list, result: Any) -> None:
+    """A model written for minibatch ADVI (``pm.Minibatch``) is read by our steps as its
+    full-data model; PyMC's own steps in the same call (a compound step, or variables our
+    steps leave to PyMC) would evaluate the user's model, i.e. a random minibatch rescaled by
+    ``total_size``, and accept or reject on that noise."""
+    from pymc_sgmcmc.bridge import _minibatch_slices
+    from pymc_sgmcmc.step_methods import SGMCMCStep
+
+    others = [type(s).__name__ for s in provided if not isinstance(s, SGMCMCStep)]
+    selected = result[1] if isinstance(result, tuple) and len(result) > 1 else {}
+    others += [getattr(cls, "__name__", str(cls)) for cls, v in dict(selected).items() if v]
+    if not others or model is None:
+        return
+    graphs = [*model.observed_RVs, *model.potentials, *model.deterministics]
+    if _minibatch_slices(graphs):
+        raise ModelNotSupportedError(
+            f"The model reads its data through pm.Minibatch, and PyMC's {', '.join(others)} "
+            "would sample some variables on a random minibatch of it (its log-density "
+            "changes at every evaluation). The stochastic-gradient steps read such a model as "
+            "its full-data model; PyMC's steps cannot. Write the model on the full arrays "
+            "(drop pm.Minibatch and total_size=: the SG step minibatches itself), or sample "
+            "every variable with stochastic-gradient steps."
+        )
 
 
 def _tuned_from_stats(idata: Any) -> list[dict] | None:
@@ -275,7 +300,10 @@ def install() -> None:
             kwargs["step"] = bind_steps(kwargs["step"], model)
         result = assign_original(*args, **kwargs)
         provided = result[0] if isinstance(result, tuple) else []
-        _STEPS.set(_ours(list(provided)) or None)
+        ours = _ours(list(provided))
+        if ours:
+            _refuse_pymc_steps_on_minibatches(model, list(provided), result)
+        _STEPS.set(ours or None)
         return result
 
     @functools.wraps(return_original)

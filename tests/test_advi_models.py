@@ -175,3 +175,16 @@ def test_minibatch_density_equals_the_full_data_models(models, total_size):
     out = [p.jax_functions()["logdensity_and_grad"](position, (), batch) for p in problems]
     np.testing.assert_array_equal(out[0][0], out[1][0])
     np.testing.assert_array_equal(out[0][1], out[1][1])
+
+
+def test_a_pymc_step_beside_ours_on_a_minibatch_model_is_refused():
+    # Our step reads the full-data model; PyMC's Metropolis would accept or reject on the
+    # log-density of a fresh random minibatch at every evaluation.
+    model = _quickstart_advi_model(*_data())
+    with model:
+        step = [pmsg.SGLD(vars=[model["b"]]), pm.Metropolis([model["s"]])]
+        with pytest.raises(
+            pmsg.ModelNotSupportedError,
+            match=r"pm\.Minibatch.*Metropolis.*random minibatch.*drop pm\.Minibatch and total_size",
+        ):
+            pm.sample(step=step, draws=5, tune=5, **SAMPLE)
