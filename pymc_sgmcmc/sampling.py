@@ -202,9 +202,12 @@ def sample(
     # In a function of its own: the chains' copies and device state are gone when the result
     # is built (a traceback kept until exit would otherwise hold JAX arrays past JAX's own
     # teardown: seen as a segfault at exit after Ctrl-C during tuning).
-    stopped, t_sampling = _run_chains(
-        step, traces, points, rngs, draws, tune, cores, chunks, progressbar, callback
-    )
+    from pymc_sgmcmc._hooks import host_blas_threads
+
+    with host_blas_threads():  # the tuning's host linear algebra (see host_blas_threads)
+        stopped, t_sampling = _run_chains(
+            step, traces, points, rngs, draws, tune, cores, chunks, progressbar, callback
+        )
     return _sample_return(
         step,
         stopped,
