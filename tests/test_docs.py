@@ -10,8 +10,9 @@ posterior's self-check warning turned into an error below), fails the test; shel
 not run.
 
 The README's example is run unshrunk by :func:`test_readme_example_prints_what_the_readme_shows`,
-which checks its printed table against the README's, value by value at its displayed precision
-(``examples/readme_example.py --write`` re-records it).
+which checks its printed table against the README's: means, sds and HDIs digit for digit at the
+displayed precision, ESS within 5% and R-hat within 0.005 (they move with the last bits of the
+draws on another CPU); ``examples/readme_example.py --write`` re-records it.
 """
 
 from __future__ import annotations
@@ -157,36 +158,24 @@ def test_readme_example_prints_what_the_readme_shows():
     shown = _cells(example.table(output.group(2)))
     printed = _cells(example.run())
     assert shown.keys() == printed.keys()
-    # At the README's displayed precision: the same digits. The draws are bit-for-bit
-    # reproducible for a seed on the library versions of tests/golden (checked there).
-    differ = {k: (shown[k], printed[k]) for k in shown if shown[k] != printed[k]}
-    if differ:
-        close = all(
-            abs(float(a) - float(b)) <= 0.1 * abs(float(a)) + 1e-3 for a, b in differ.values()
-        )
-        golden = _golden_versions_differ()
-        if close and golden:
-            pytest.skip(
-                f"the README's output was recorded on other library versions ({golden}); it "
-                f"differs by at most 10% or one unit in the last digit: {differ}"
-            )
-        pytest.fail(
-            "the README example's output is not what the README shows (rerun "
-            f"`python examples/readme_example.py --write` if deliberate): {differ}"
-        )
-    assert np.isclose(float(printed[("beta[2]", "mean")]), 2.0, atol=0.02)
-
-
-def _golden_versions_differ() -> str:
-    import json
-
-    spec = importlib.util.spec_from_file_location("golden_record", ROOT / "tests/golden/record.py")
-    record = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(record)
-    recorded = json.loads((ROOT / "tests/golden/draws.json").read_text())["versions"]
-    installed = record.library_versions()
-    return ", ".join(
-        f"{n} {recorded.get(n)} → {installed.get(n)}"
-        for n in sorted(set(recorded) | set(installed))
-        if recorded.get(n) != installed.get(n)
+    # The posterior summaries at the README's displayed precision: the same digits. The
+    # draws are bit-for-bit reproducible for a seed on one machine and library versions;
+    # on another CPU the last bits of the draws may differ, which moves the diagnostics'
+    # printed decimals (ESS, R-hat) but not three-decimal means, sds and HDIs.
+    diagnostics = {"ess_bulk": 0.05, "r_hat": 0.005}  # relative / absolute allowance
+    differ = {}
+    for (name, column), value in shown.items():
+        now = printed[(name, column)]
+        if column == "ess_bulk":
+            ok = abs(float(now) - float(value)) <= diagnostics[column] * float(value)
+        elif column == "r_hat":
+            ok = abs(float(now) - float(value)) <= diagnostics[column]
+        else:
+            ok = now == value
+        if not ok:
+            differ[(name, column)] = (value, now)
+    assert not differ, (
+        "the README example's output is not what the README shows (rerun "
+        f"`python examples/readme_example.py --write` if deliberate): {differ}"
     )
+    assert np.isclose(float(printed[("beta[2]", "mean")]), 2.0, atol=0.02)
