@@ -71,9 +71,13 @@ class RowSource:
         self.n = self.shape[0]
         self._row_bytes = self.dtype.itemsize * int(np.prod(self.shape[1:], dtype=int))
 
+    def row_numbers(self, starts: np.ndarray, length: int) -> np.ndarray:
+        """The row numbers :meth:`read` returns, in its order: ``(start + 0..length−1) mod N``."""
+        rows = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(length)
+        return rows.reshape(-1) % self.n
+
     def _gather(self, starts: np.ndarray, length: int) -> np.ndarray:
-        rows = (np.asarray(starts, dtype=np.int64)[:, None] + np.arange(length)) % self.n
-        return np.asarray(self.array[rows.reshape(-1)])
+        return np.asarray(self.array[self.row_numbers(starts, length)])
 
     def read(self, starts: np.ndarray, length: int) -> np.ndarray:
         """``(len(starts) * length, *shape[1:])``: rows ``(start + 0..length−1) mod N``."""

@@ -1215,12 +1215,10 @@ class SGMCMCStep(BlockedStep):
                 finite = np.isfinite(rows.reshape(len(rows), -1)).all(axis=1)
                 if not finite.all():
                     at = np.flatnonzero(~finite)
-                    numbers = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(length)
-                    numbers = numbers.reshape(-1) % source.n
                     raise non_finite_rows(
                         f"data[{name!r}]",
                         source.shape,
-                        numbers[at],
+                        source.row_numbers(starts, length)[at],
                         rows[at[0]],
                         source.n,
                         streamed=True,
