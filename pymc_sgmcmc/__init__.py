@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import pymc as pm
 
-from pymc_sgmcmc import schedules
+from pymc_sgmcmc import distributed, schedules
 from pymc_sgmcmc._hooks import install as _install_hooks
 from pymc_sgmcmc.bridge import MinibatchProblem, build_problem
 from pymc_sgmcmc.compare import compare, plot_compare
+from pymc_sgmcmc.distributed import RowShard
 from pymc_sgmcmc.errors import DataShapeError, DivergenceError, ModelNotSupportedError
 from pymc_sgmcmc.model_checking import ElpdDifference, LooSubsample, log_likelihood, loo_subsample
 from pymc_sgmcmc.recording import DrawWriter, read_draws
@@ -41,9 +42,11 @@ __all__ = [
     "LooSubsample",
     "MinibatchProblem",
     "ModelNotSupportedError",
+    "RowShard",
     "SGMCMCStep",
     "build_problem",
     "compare",
+    "distributed",
     "log_likelihood",
     "loo_subsample",
     "plot_compare",

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from pymc_sgmcmc.diagnostics import run_checks
+from pymc_sgmcmc.distributed import is_collective_failure, lost_process_error
 from pymc_sgmcmc.errors import DivergenceError, ModelNotSupportedError
 
 __all__ = ["install", "sgmcmc_attrs", "step_entries", "variational_group"]
@@ -283,6 +284,12 @@ def install() -> None:
                 raise
             record(kwargs.get("chain"), error)  # the trace was closed by _iter_sample
             return None
+        except Exception as error:
+            # Several hosts (pymc_sgmcmc.distributed): a collective failed because another
+            # process stopped; name it instead of JAX's transport message.
+            if ours and is_collective_failure(error):
+                raise lost_process_error(error) from error
+            raise
         trace, draws = kwargs.get("trace"), kwargs.get("draws")
         if ours and trace is not None and draws is not None and len(trace) < draws:
             # PyMC's _sample swallows the KeyboardInterrupt and returns early.

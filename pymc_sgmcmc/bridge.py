@@ -1018,7 +1018,7 @@ def build_problem(
         replacements[leaf] = ph
         data_names.append(observed_owner.get(leaf) or leaf.name or f"data_{i}")
         data_arrays.append(value)
-        _check_finite_rows(
+        check_finite_rows(
             repr(data_names[-1])
             if observed_owner.get(leaf) or leaf.name
             else f"an unnamed array in the likelihood of {', '.join(mb_names)}",
@@ -1082,7 +1082,7 @@ def build_problem(
     return problem
 
 
-def _check_finite_rows(name: str, value: Any, data_size: int) -> None:
+def check_finite_rows(name: str, value: Any, data_size: int) -> None:
     """Refuse a minibatched container with non-numeric or non-finite values, naming it and
     its first bad row (NUTS reports these as a model it cannot evaluate at the start; here
     they would only surface as a divergence)."""

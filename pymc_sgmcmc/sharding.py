@@ -13,12 +13,17 @@ for tuning (from the first device's rows, a uniform sample of the shuffled data)
 draw's scan — is the single-device code.
 
 Testing on one machine: ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` (set before
-JAX starts) makes the CPU look like four devices. Many hosts: start every process with
-``jax.distributed.initialize(...)`` before the model is sampled and pass ``devices="all"``;
-each host must hold the data (it is placed with :func:`jax.make_array_from_callback`, so each
-host materialises only its own devices' rows on them), and every process runs the same
-``pm.sample`` call with the same ``random_seed`` and gets the same draws (write the results
-from process 0).
+JAX starts) makes the CPU look like four devices.
+
+Several hosts (:mod:`pymc_sgmcmc.distributed`): each process gives the sampler only its own
+rows as a :class:`~pymc_sgmcmc.distributed.RowShard` (:func:`shard_rows` lays them out on its
+own devices of one global mesh); or every process holds the whole data set and passes
+``devices="all"`` (:func:`shard_data` places on each device only its own rows). Either way
+every process runs the same ``pm.sample`` call with the same ``random_seed`` and computes the
+same draws (``tests/test_distributed.py`` runs both with two processes on the CPU).
+
+Tuning reads blocks of rows drawn uniformly from all ``N`` rows (:func:`sharded_uniform_rows`),
+replicated on every device.
 """
 
 from __future__ import annotations
@@ -28,9 +33,20 @@ from typing import Any
 
 import numpy as np
 
-from pymc_sgmcmc.minibatch import MinibatchScheme, layout_shards, take_minibatch
+from pymc_sgmcmc.minibatch import (
+    SHUFFLE_SEED,
+    MinibatchScheme,
+    layout_shards,
+    take_minibatch,
+)
 
-__all__ = ["resolve_devices", "shard_data", "sharded_loglik"]
+__all__ = [
+    "resolve_devices",
+    "shard_data",
+    "shard_rows",
+    "sharded_loglik",
+    "sharded_uniform_rows",
+]
 
 AXIS = "data"
 
@@ -72,6 +88,129 @@ def shard_data(
     data = tuple(place(a) for a in stacked)
     n_local = place(sizes.astype(np.int32))
     return data, n_local, sizes, mesh
+
+
+def shard_rows(
+    local: Sequence[np.ndarray],
+    layout: Any,
+    batch_size: int,
+    scheme: MinibatchScheme,
+) -> tuple[tuple[Any, ...], Any, np.ndarray, Any]:
+    """:func:`shard_data` for rows held as shards (:class:`~pymc_sgmcmc.distributed.
+    ShardLayout` ``layout``; ``local`` this process's shards' rows, concatenated in row
+    order): one device per shard in one process, or each process's shard split over its own
+    devices. Each piece is shuffled once with a permutation seeded by its first row number
+    (``"blocks"``), so the layout is the same however the pieces are spread over processes."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from pymc_sgmcmc.distributed import process_count, process_index
+
+    multi = process_count() > 1
+    if multi:
+        per = len(jax.local_devices())
+        # Mesh order: the processes in the order of their rows, each with its own devices.
+        by_process = {}
+        for device in jax.devices():
+            by_process.setdefault(device.process_index, []).append(device)
+        devices = [d for owner in layout.owners for d in by_process[owner]]
+    else:
+        per = 1
+        available = jax.devices()
+        if len(available) < len(layout.sizes):
+            raise ValueError(
+                f"{len(layout.sizes)} row shards in one process need one JAX device each, but "
+                f"JAX sees {len(available)}. On a CPU, set "
+                f"XLA_FLAGS=--xla_force_host_platform_device_count={len(layout.sizes)} before "
+                "JAX starts."
+            )
+        devices = list(available[: len(layout.sizes)])
+    k = len(devices)
+    if batch_size % k:
+        raise ValueError(
+            f"batch_size={batch_size} must be a multiple of the number of devices ({k}) so "
+            "that each device takes the same share of the minibatch."
+        )
+    local_b = batch_size // k
+    # Pieces: shard i split into `per` contiguous parts (one per device of its process).
+    starts, sizes = [], []
+    for start, size in zip(layout.starts, layout.sizes, strict=True):
+        bounds = start + np.linspace(0, size, per + 1).astype(np.int64)
+        starts.extend(bounds[:-1].tolist())
+        sizes.extend(np.diff(bounds).tolist())
+    sizes_arr = np.asarray(sizes, dtype=np.int64)
+    if sizes_arr.min() < local_b:
+        raise ValueError(
+            f"The smallest piece of the data on one device has {int(sizes_arr.min())} rows, "
+            f"fewer than the local batch of {local_b} rows (batch_size / {k} devices); use a "
+            "smaller batch_size."
+        )
+    extra = local_b - 1 if scheme == "blocks" else 0
+    length = int(sizes_arr.max()) + extra
+    mine = (
+        [i for i in range(k) if layout.owners[i // per] == process_index()]
+        if multi
+        else list(range(k))
+    )
+    offset = layout.starts[layout.held_by(process_index())[0]] if multi else 0
+    mesh = Mesh(np.asarray(devices), (AXIS,))
+    sharding = NamedSharding(mesh, PartitionSpec(AXIS))
+    data = []
+    for a in local:
+        stacked = np.zeros((len(mine), length, *a.shape[1:]), dtype=a.dtype)
+        for j, i in enumerate(mine):
+            lo = starts[i] - offset
+            piece = np.asarray(a[lo : lo + sizes[i]])
+            if scheme == "blocks":
+                piece = piece[
+                    np.random.default_rng([SHUFFLE_SEED, starts[i]]).permutation(len(piece))
+                ]
+            stacked[j, : len(piece)] = piece
+            stacked[j, len(piece) : len(piece) + extra] = piece[:extra]
+        if multi:
+            global_shape = (k, *stacked.shape[1:])
+            data.append(jax.make_array_from_process_local_data(sharding, stacked, global_shape))
+        else:
+            data.append(jax.device_put(stacked, sharding))
+    n_local = jax.make_array_from_callback(
+        (k,), sharding, lambda index: sizes_arr.astype(np.int32)[index]
+    )
+    return tuple(data), n_local, sizes_arr, mesh
+
+
+def sharded_uniform_rows(mesh: Any, sizes: np.ndarray, rows: int) -> Callable:
+    """``f(key, data, n_local) -> block``: ``rows`` rows drawn uniformly with replacement
+    from all ``N = Σ N_d`` rows of the sharded data, replicated on every device.
+
+    Each row slot picks a piece ``d`` with probability ``N_d / N`` (the same draw on every
+    device) and each device a uniform row of its own piece; a device keeps the slots it owns
+    and one all-reduce sums them. So the tuning's blocks are uniform over the whole data set
+    whatever the pieces' sizes or order (a piece sorted by time or group is no problem), and
+    cost ``rows`` rows of communication, not a piece."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    logits = np.log(np.asarray(sizes, dtype=np.float64) / float(np.sum(sizes)))
+
+    def local(key, data, n_local):
+        d = jax.lax.axis_index(AXIS)
+        key_pick, key_rows = jax.random.split(key)
+        owner = jax.random.categorical(key_pick, jnp.asarray(logits), shape=(rows,))
+        idx = jax.random.randint(jax.random.fold_in(key_rows, d), (rows,), 0, n_local[0])
+        mine = owner == d
+        out = []
+        for a in data:
+            cand = jnp.take(a[0], idx, axis=0)
+            keep = mine.reshape((rows,) + (1,) * (cand.ndim - 1))
+            kind = cand.dtype
+            if kind == jnp.bool_:
+                cand = cand.astype(jnp.int8)
+            picked = jax.lax.psum(jnp.where(keep, cand, jnp.zeros_like(cand)), AXIS)
+            out.append(picked.astype(kind))
+        return tuple(out)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS)), out_specs=P())
 
 
 def sharded_loglik(

@@ -11,6 +11,7 @@ calling process, whatever ``cores`` (see :mod:`pymc_sgmcmc._multiprocessing`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import warnings
@@ -24,8 +25,15 @@ from pymc.step_methods.compound import BlockedStep, Competence, StepMethodState
 from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator
 
-from pymc_sgmcmc.bridge import MinibatchProblem, build_problem
+from pymc_sgmcmc.bridge import MinibatchProblem, build_problem, check_finite_rows
 from pymc_sgmcmc.diagnostics import MAX_CHECKED, check_indices, predicted_sd_ratio
+from pymc_sgmcmc.distributed import (
+    RowShard,
+    ShardLayout,
+    as_shards,
+    gather_layout,
+    process_count,
+)
 from pymc_sgmcmc.errors import (
     DataShapeError,
     DivergenceError,
@@ -43,8 +51,15 @@ from pymc_sgmcmc.minibatch import (
     noise_factor,
     take_minibatch,
 )
+from pymc_sgmcmc.out_of_core import is_in_memory, with_data
 from pymc_sgmcmc.schedules import Schedule, as_schedule, polynomial_decay
-from pymc_sgmcmc.sharding import resolve_devices, shard_data, sharded_loglik
+from pymc_sgmcmc.sharding import (
+    resolve_devices,
+    shard_data,
+    shard_rows,
+    sharded_loglik,
+    sharded_uniform_rows,
+)
 from pymc_sgmcmc.tuning import (
     NoiseEstimate,
     gradient_noise,
@@ -336,9 +351,14 @@ class SGMCMCStep(BlockedStep):
             local_family, num_mc_samples, local_learning_rate, data, devices, batch_size
         )
         self.streaming = False
+        # Rows held as shards, one per process of a multi-host run or several in one
+        # process (pymc_sgmcmc.distributed): checked to partition 0..N-1 before compiling.
+        self._shard_layout: ShardLayout | None = None
+        shards = as_shards(data)
+        if shards is not None:
+            devices = self._setup_shards(shards, devices)
+            data = None
         if data is not None:
-            from pymc_sgmcmc.out_of_core import is_in_memory, with_data
-
             self.problem = with_data(self.problem, data)
             n = self.problem.data_size
             if batch_size is not None and batch_size > n:
@@ -453,6 +473,36 @@ class SGMCMCStep(BlockedStep):
         return names - {"self", "rng", "blocked", "initial_point", "compile_kwargs"}
 
     _supports_locals: ClassVar[bool] = True  # SAGA-LD / SVRG-LD: per-row gradient state
+
+    def _setup_shards(self, shards: list[RowShard], devices: Any) -> Any:
+        """``data=RowShard(...)`` (or a list of them): this process's rows, with their place
+        in the whole data set. Gathers every process's shards, checks that they partition
+        ``0..N−1`` and the rows are finite, and returns the ``devices`` spec the shards imply
+        (every device of the mesh; see :func:`pymc_sgmcmc.sharding.shard_rows`)."""
+        if devices not in (None, "all"):
+            raise ValueError(
+                f"data= as row shards puts each shard on its own devices; leave devices= unset "
+                f"(got devices={devices!r})."
+            )
+        if not self._streams:
+            raise ModelNotSupportedError(
+                f"{type(self).__name__} keeps per-row state or takes full-data gradients; it "
+                "runs on one device. Use SGLD, ConstantSGD, IASG or SGFS with row shards."
+            )
+        layout = gather_layout(shards)
+        names = list(shards[0].arrays)
+        local = {
+            name: np.concatenate([np.asarray(s.arrays[name]) for s in shards], axis=0)
+            if len(shards) > 1
+            else np.asarray(shards[0].arrays[name])
+            for name in names
+        }
+        problem = with_data(self.problem, local)
+        for name, array in zip(problem.data_names, problem.data, strict=True):
+            check_finite_rows(repr(name), array, layout.total)
+        self.problem = dataclasses.replace(problem, data_size=layout.total)
+        self._shard_layout = layout
+        return "all" if process_count() > 1 else len(layout.sizes)
 
     def _setup_locals(
         self,
@@ -675,7 +725,15 @@ class SGMCMCStep(BlockedStep):
         streaming = self.streaming
         devices = resolve_devices(self.devices) if self.devices not in (None, 1, "chains") else None
         sharded = devices is not None and len(devices) > 1
-        if streaming:
+        if self._shard_layout is not None:
+            # Rows held as shards (one per process, or several in this one).
+            arrays, n_local, shard_sizes, mesh = shard_rows(
+                problem.data, self._shard_layout, b, scheme
+            )
+            devices = list(mesh.devices.flat)
+            sharded = True
+            data = (arrays, n_local)
+        elif streaming:
             data = None  # read chunk by chunk on the host (pymc_sgmcmc.out_of_core)
         elif sharded:
             # (rows sharded over the devices, each device's row count): see pymc_sgmcmc.sharding
@@ -953,13 +1011,12 @@ class SGMCMCStep(BlockedStep):
         def tuning_rows(key_rows, data, rows=noise_rows):
             # In memory: uniform rows with replacement (the first N rows of either layout are
             # the data). Streamed: ``data`` is already such a block, read on the host. Sharded:
-            # from the first device's rows (a uniform sample of the shuffled data).
+            # uniform over every device's rows, replicated (see sharded_uniform_rows).
             if streaming:
                 return data
             if sharded:
-                n0 = int(shard_sizes[0])
-                piece = tuple(a[0, :n0] for a in data[0])
-                return draw_minibatch(key_rows, piece, n0, rows, "random")
+                uniform = sharded_uniform_rows(mesh, shard_sizes, rows)
+                return uniform(key_rows, data[0], data[1])
             return draw_minibatch(key_rows, data, n, rows, "random")
 
         # The search for the mode (:meth:`_search_mode`): Newton steps on every row when there
