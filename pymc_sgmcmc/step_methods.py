@@ -356,8 +356,7 @@ class SGMCMCStep(BlockedStep):
         self._shard_layout: ShardLayout | None = None
         shards = as_shards(data)
         if shards is not None:
-            devices = self._setup_shards(shards, devices)
-            data = None
+            data, devices = self._setup_shards(shards, devices)
         if data is not None:
             self.problem = with_data(self.problem, data)
             n = self.problem.data_size
@@ -367,6 +366,11 @@ class SGMCMCStep(BlockedStep):
                     f"N={n} of the arrays given as data=. Choose batch_size <= {n}."
                 )
             self.streaming = not all(is_in_memory(a) for a in self.problem.data)
+            if not self.streaming:
+                # In memory: checked now, as the model's own data are (streamed data are
+                # checked chunk by chunk as they are read).
+                for name, array in zip(self.problem.data_names, self.problem.data, strict=True):
+                    check_finite_rows(repr(name), array, n)
             if self.streaming and not self._streams:
                 raise ModelNotSupportedError(
                     f"{type(self).__name__} keeps per-row state or takes full-data gradients, so "
@@ -474,11 +478,12 @@ class SGMCMCStep(BlockedStep):
 
     _supports_locals: ClassVar[bool] = True  # SAGA-LD / SVRG-LD: per-row gradient state
 
-    def _setup_shards(self, shards: list[RowShard], devices: Any) -> Any:
+    def _setup_shards(self, shards: list[RowShard], devices: Any) -> tuple[Any, Any]:
         """``data=RowShard(...)`` (or a list of them): this process's rows, with their place
         in the whole data set. Gathers every process's shards, checks that they partition
-        ``0..N−1`` and the rows are finite, and returns the ``devices`` spec the shards imply
-        (every device of the mesh; see :func:`pymc_sgmcmc.sharding.shard_rows`)."""
+        ``0..N−1`` and the rows are finite, and returns ``(data, devices)`` for the rest of
+        ``__init__``: one shard in one process is plain ``data=``; else ``(None, the devices
+        spec)`` (every device of the mesh; see :func:`pymc_sgmcmc.sharding.shard_rows`)."""
         if devices not in (None, "all"):
             raise ValueError(
                 f"data= as row shards puts each shard on its own devices; leave devices= unset "
@@ -490,6 +495,18 @@ class SGMCMCStep(BlockedStep):
                 "runs on one device. Use SGLD, ConstantSGD, IASG or SGFS with row shards."
             )
         layout = gather_layout(shards)
+        if len(layout.sizes) == 1:
+            return dict(shards[0].arrays), devices  # the whole data set, in this process
+        if process_count() == 1 and len(layout.sizes) > 1:
+            import jax
+
+            if len(jax.devices()) < len(layout.sizes):
+                raise ValueError(
+                    f"{len(layout.sizes)} row shards in one process need one JAX device each, "
+                    f"but JAX sees {len(jax.devices())}. On a CPU, set XLA_FLAGS=--xla_force_"
+                    f"host_platform_device_count={len(layout.sizes)} before JAX starts (or "
+                    "concatenate the shards)."
+                )
         names = list(shards[0].arrays)
         local = {
             name: np.concatenate([np.asarray(s.arrays[name]) for s in shards], axis=0)
@@ -502,7 +519,7 @@ class SGMCMCStep(BlockedStep):
             check_finite_rows(repr(name), array, layout.total)
         self.problem = dataclasses.replace(problem, data_size=layout.total)
         self._shard_layout = layout
-        return "all" if process_count() > 1 else len(layout.sizes)
+        return None, "all" if process_count() > 1 else len(layout.sizes)
 
     def _setup_locals(
         self,
@@ -723,7 +740,11 @@ class SGMCMCStep(BlockedStep):
         fns = problem.jax_functions()
         n, b, thin, scheme = problem.data_size, self.batch_size, self.thin, self.minibatch
         streaming = self.streaming
-        devices = resolve_devices(self.devices) if self.devices not in (None, 1, "chains") else None
+        devices = (
+            resolve_devices(self.devices)
+            if self.devices not in (None, 1, "chains") and self._shard_layout is None
+            else None
+        )
         sharded = devices is not None and len(devices) > 1
         if self._shard_layout is not None:
             # Rows held as shards (one per process, or several in this one).

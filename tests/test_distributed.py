@@ -1,0 +1,321 @@
+"""Several hosts: ``jax.distributed`` processes, each holding only its own rows.
+
+The multi-process checks start two local processes on the CPU (JAX's CPU collectives over
+TCP, one CPU device each) with the environment variables ``pmsg.distributed.initialize()``
+reads, and compare their draws with one process that holds both shards on two forced XLA
+CPU devices (the same layout simulated). Time: ~70 s of CPU in total, most of it XLA
+compilation in each process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pymc as pm
+import pytest
+
+import pymc_sgmcmc as pmsg
+from pymc_sgmcmc.distributed import DataLayoutError, check_partition
+
+# The data, the model and the runs, shared by the single-process simulation ("sim") and the
+# two processes ("dist"). The rows are sorted by y before they are cut into two unequal
+# shards, so neither shard is a sample of the data: the tuning's blocks and the minibatch
+# gradient must weigh the shards right to get the posterior.
+_COMMON = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import numpy as np, pymc as pm, pymc_sgmcmc as pmsg
+
+    MODE = sys.argv[1]
+    if MODE == "sim":
+        pass  # XLA_FLAGS gives this process two CPU devices
+    else:
+        pmsg.distributed.initialize()  # JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, ...
+    ME = pmsg.distributed.process_index()
+
+    rng = np.random.default_rng(3)
+    n, d = 20_000, 3
+    X = rng.normal(size=(n, d))
+    y = X @ np.array([0.5, -1.0, 2.0]) + rng.normal(size=n)
+    order = np.argsort(y)
+    X, y = X[order], y[order]
+    CUT = 12_000
+    PARTS = [(0, X[:CUT], y[:CUT]), (CUT, X[CUT:], y[CUT:])]
+
+    def model():
+        with pm.Model() as m:
+            b = pm.Normal("b", 0, 1, shape=d)
+            pm.Normal("y", pm.Data("X", X[:100]) @ b, 1.0, observed=pm.Data("y_obs", y[:100]))
+        return m
+
+    def shards():
+        if MODE == "sim":
+            return [pmsg.RowShard({"X": a, "y_obs": c}, start=s) for s, a, c in PARTS]
+        s, a, c = PARTS[ME]
+        return pmsg.RowShard({"X": a.copy(), "y_obs": c.copy()}, start=s)
+
+    def run(step, **kwargs):
+        with model():
+            return pm.sample(step=step, random_seed=1, progressbar=False,
+                             compute_convergence_checks=False, **kwargs)
+    """
+)
+
+_DRAWS = _COMMON + textwrap.dedent(
+    """
+    out = {"process": ME, "processes": pmsg.distributed.process_count()}
+    idata = run(pmsg.IASG(data=shards()), draws=300, tune=100, chains=2)
+    out["iasg"] = idata.posterior["b"].values.tolist()
+    import arviz as az
+    out["iasg_ess"] = az.ess(idata)["b"].values.tolist()
+    idata = run(pmsg.SGLD(batch_size=200, data=shards()), draws=30, tune=20, chains=1)
+    out["sgld"] = idata.posterior["b"].values.tolist()
+    # Every process holding every row, devices="all" (sim: devices=2): sharding.py's claim.
+    with model():
+        pm.set_data({"X": X, "y_obs": y})
+        idata = pm.sample(step=pmsg.SGLD(batch_size=200, devices="all" if MODE != "sim" else 2),
+                          draws=30, tune=20, chains=1, random_seed=1, progressbar=False,
+                          compute_convergence_checks=False)
+    out["all"] = idata.posterior["b"].values.tolist()
+    print("RESULT" + json.dumps(out), flush=True)
+    """
+)
+
+_BAD_LAYOUT = _COMMON + textwrap.dedent(
+    """
+    s, a, c = PARTS[ME]
+    start = s - 10 if ME == 1 else s  # process 1 claims rows 11990..: ten rows twice
+    try:
+        with model():
+            pmsg.IASG(data=pmsg.RowShard({"X": a, "y_obs": c}, start=start))
+        print("RESULT" + json.dumps({"error": None}), flush=True)
+    except Exception as err:
+        print("RESULT" + json.dumps({"error": [type(err).__name__, str(err)]}), flush=True)
+    """
+)
+
+_DEATH = _COMMON + textwrap.dedent(
+    """
+    def die(trace, draw):
+        if ME == 1 and len(trace) == 20:
+            print("DYING " + repr(time.time()), flush=True)
+            os._exit(3)
+
+    run(pmsg.SGLD(batch_size=200, data=shards()), draws=100000, tune=10, chains=1,
+        callback=die)
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _result(stdout: str) -> dict:
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT")]
+    assert lines, stdout[-3000:]
+    return json.loads(lines[-1][len("RESULT") :])
+
+
+def _two_processes(script, timeout=600, heartbeat=None):
+    """Run ``script dist`` as processes 0 and 1; (returncode, stdout, stderr, end time) each."""
+    port = _free_port()
+    procs = []
+    for pid in (0, 1):
+        env = {
+            **os.environ,
+            "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+            "JAX_NUM_PROCESSES": "2",
+            "JAX_PROCESS_ID": str(pid),
+        }
+        env.pop("XLA_FLAGS", None)
+        if heartbeat is not None:
+            env["JAX_HEARTBEAT_TIMEOUT"] = str(heartbeat)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script), "dist"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    out = []
+    deadline = time.time() + timeout
+    for proc in procs:
+        try:
+            stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+        out.append((proc.returncode, stdout, stderr, time.time()))
+    return out
+
+
+@pytest.fixture(scope="module")
+def scripts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("distributed")
+    paths = {}
+    for name, text in {"draws": _DRAWS, "bad": _BAD_LAYOUT, "death": _DEATH}.items():
+        paths[name] = root / f"{name}.py"
+        paths[name].write_text(text)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def draws(scripts):
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    sim = subprocess.run(
+        [sys.executable, str(scripts["draws"]), "sim"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert sim.returncode == 0, sim.stderr[-3000:]
+    dist = _two_processes(scripts["draws"])
+    for rc, _, stderr, _ in dist:
+        assert rc == 0, stderr[-3000:]
+    return _result(sim.stdout), [_result(stdout) for _, stdout, _, _ in dist]
+
+
+def test_two_processes_draw_what_one_process_with_both_shards_draws(draws):
+    # Same seed, same layout: the draws agree to the last bit here (a sum over two shards is
+    # the same in either order; with more shards the all-reduce's order could move the last
+    # bits, hence the 1e-12 relative tolerance).
+    sim, (p0, p1) = draws
+    assert (p0["process"], p1["process"], p0["processes"]) == (0, 1, 2)
+    for key in ("iasg", "sgld", "all"):
+        one = np.asarray(sim[key])
+        for proc in (p0, p1):
+            np.testing.assert_allclose(np.asarray(proc[key]), one, rtol=1e-12, atol=0)
+
+
+def test_sorted_unequal_shards_give_the_exact_posterior(draws):
+    # Conjugate regression: the exact posterior. Tolerances from the run's ESS: a mean within
+    # 4 Monte Carlo standard errors (4 sd/sqrt(ESS)), an sd within 1 +- 4/sqrt(2 ESS) plus the
+    # 10% the correctness table allows IASG.
+    sim, _ = draws
+    rng = np.random.default_rng(3)
+    n, d = 20_000, 3
+    X = rng.normal(size=(n, d))
+    y = X @ np.array([0.5, -1.0, 2.0]) + rng.normal(size=n)
+    cov = np.linalg.inv(X.T @ X + np.eye(d))
+    mean, sd = cov @ X.T @ y, np.sqrt(np.diag(cov))
+    post = np.asarray(sim["iasg"]).reshape(-1, d)
+    ess = np.asarray(sim["iasg_ess"])
+    assert np.all(np.abs(post.mean(0) - mean) / sd < 4 / np.sqrt(ess))
+    assert np.all(np.abs(post.std(0) / sd - 1) < 0.10 + 4 / np.sqrt(2 * ess))
+
+
+def test_a_layout_that_reads_rows_twice_is_refused_on_every_process(scripts):
+    results = _two_processes(scripts["bad"])
+    for rc, stdout, stderr, _ in results:
+        assert rc == 0, stderr[-3000:]
+        name, message = _result(stdout)["error"]
+        assert name == "DataLayoutError"
+        assert "rows 11990..11999 are held twice (process 0 and process 1)" in message
+
+
+def test_a_lost_process_ends_the_others_naming_it(scripts):
+    # Process 1 dies at its 20th draw. Process 0's next all-reduce fails at once; it names
+    # process 1 and exits non-zero when JAX's heartbeat timeout (10 s here, 100 s by
+    # default) confirms the loss. Measured: ~11 s after the death.
+    (rc0, _, err0, end0), (rc1, out1, _, _) = _two_processes(
+        scripts["death"], timeout=300, heartbeat=10
+    )
+    assert rc1 == 3
+    died = float(next(line for line in out1.splitlines() if line.startswith("DYING")).split()[1])
+    assert rc0 != 0
+    assert "process 0 of 2" in err0 and "lost process 1" in err0, err0[-3000:]
+    assert end0 - died < 60
+
+
+# -- in one process ------------------------------------------------------------------------
+
+
+def test_check_partition_accepts_a_partition_in_any_order():
+    layout = check_partition([500, 0, 200], [500, 200, 300], [2, 0, 1])
+    assert layout.starts == (0, 200, 500) and layout.owners == (0, 1, 2)
+    assert layout.total == 1000 and layout.held_by(1) == [1]
+
+
+@pytest.mark.parametrize(
+    ("starts", "sizes", "message"),
+    [
+        ([0, 90], [100, 100], "rows 90..99 are held twice (process 0 and process 1)"),
+        ([0, 110], [100, 100], "rows 100..109 are held by no process"),
+        ([10, 100], [90, 100], "rows 0..9 are held by no process"),
+        ([0, 0], [100, 100], "rows 0..99 are held twice"),
+    ],
+)
+def test_check_partition_names_rows_held_twice_or_by_nobody(starts, sizes, message):
+    with pytest.raises(DataLayoutError, match="partition") as info:
+        check_partition(starts, sizes, [0, 1])
+    assert message in str(info.value)
+
+
+def _model(n=300):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(n, 2))
+    y = X @ np.ones(2) + rng.normal(size=n)
+    with pm.Model() as m:
+        b = pm.Normal("b", 0, 1, shape=2)
+        pm.Normal("y", pm.Data("X", X[:50]) @ b, 1.0, observed=pm.Data("y_obs", y[:50]))
+    return m, X, y
+
+
+def test_row_shard_errors_name_the_fix():
+    m, X, y = _model()
+    with pytest.raises(pmsg.DataShapeError, match="same number of rows"):
+        pmsg.RowShard({"X": X, "y_obs": y[:10]}, start=0)
+    with pytest.raises(pmsg.DataShapeError, match="first row number"):
+        pmsg.RowShard({"X": X, "y_obs": y}, start=-1)
+    shard = pmsg.RowShard({"X": X, "y_obs": y}, start=0)
+    with m:
+        with pytest.raises(pmsg.DataShapeError, match="RowShard"):
+            pmsg.SGLD(data=[shard, {"X": X}])
+        with pytest.raises(ValueError, match="leave devices= unset"):
+            pmsg.SGLD(data=shard, devices=2)
+        with pytest.raises(pmsg.ModelNotSupportedError, match="row shards"):
+            pmsg.SAGALD(data=shard)
+        with pytest.raises(DataLayoutError, match="rows 0..9 are held by no process"):
+            pmsg.SGLD(data=pmsg.RowShard({"X": X, "y_obs": y}, start=10))
+        bad = y.copy()
+        bad[7] = np.nan
+        with pytest.raises(pmsg.DataShapeError, match="non-finite"):
+            pmsg.SGLD(data=pmsg.RowShard({"X": X, "y_obs": bad}, start=0))
+        # Two shards in one process need two JAX devices (this pytest process has one).
+        halves = [
+            pmsg.RowShard({"X": X[:150], "y_obs": y[:150]}, start=0),
+            pmsg.RowShard({"X": X[150:], "y_obs": y[150:]}, start=150),
+        ]
+        with pytest.raises(ValueError, match="host_platform_device_count=2 before JAX starts"):
+            pmsg.SGLD(data=halves)
+
+
+def test_one_shard_in_one_process_is_the_whole_data_set():
+    m, X, y = _model()
+    with m:
+        step = pmsg.SGLD(data=pmsg.RowShard({"X": X, "y_obs": y}, start=0))
+        assert step.problem.data_size == 300
+        idata = pm.sample(
+            step=step,
+            draws=5,
+            tune=5,
+            chains=1,
+            random_seed=1,
+            progressbar=False,
+            compute_convergence_checks=False,
+        )
+    assert np.all(np.isfinite(idata.posterior["b"].values))
