@@ -44,10 +44,25 @@ import json, os, sys, time
 import numpy as np
 mode, data_dir, batch, draws = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 import pymc as pm, pymc_sgmcmc as pmsg
-if mode == "dist":
+if mode in ("dist", "allreduce"):
     pmsg.distributed.initialize()
 me = pmsg.distributed.process_index()
 os.sched_setaffinity(0, {me % os.cpu_count()})
+if mode == "allreduce":
+    # The all-reduce alone: a compiled loop of 1000 psums of D float64, nothing else.
+    import jax, jax.numpy as jnp
+    from jax.sharding import Mesh, PartitionSpec as P
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    def body(c, _):
+        out = jax.shard_map(lambda c: jax.lax.psum(c * 1.0001, "data"), mesh=mesh,
+                            in_specs=P(), out_specs=P())(c)
+        return out * 0.5, None
+    f = jax.jit(lambda c: jax.lax.scan(body, c, None, length=1000)[0])
+    c = jnp.ones(batch)
+    f(c).block_until_ready()
+    t = time.perf_counter(); f(c).block_until_ready()
+    print("RESULT" + json.dumps({"allreduce_us": (time.perf_counter() - t) * 1e3}), flush=True)
+    sys.exit(0)
 if mode == "dist":
     X = np.load(f"{data_dir}/X_{me}.npy", mmap_mode="r")
     y = np.load(f"{data_dir}/y_{me}.npy", mmap_mode="r")
@@ -115,6 +130,7 @@ def result(stdout: str) -> dict:
 
 
 def run(mode: str, directory: Path, batch: int, draws: int, worker: Path) -> list[dict]:
+    """``one``: one process; ``dist`` / ``allreduce``: two jax.distributed processes."""
     cmd = [sys.executable, str(worker), mode, str(directory), str(batch), str(draws)]
     if mode == "one":
         out = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -129,7 +145,9 @@ def run(mode: str, directory: Path, batch: int, draws: int, worker: Path) -> lis
             "JAX_PROCESS_ID": str(pid),
         }
         procs.append(
-            subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            subprocess.Popen(
+                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
         )
     outs = []
     for p in procs:
@@ -146,12 +164,24 @@ def main() -> None:
     parser.add_argument("--batches", default="1000,10000")
     parser.add_argument("--draws", type=int, default=6)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS.md"))
+    parser.add_argument(
+        "--render-only",
+        action="store_true",
+        help="re-render the table and estimate from benchmarks/results/multihost.json",
+    )
     args = parser.parse_args()
+    saved = ROOT / "benchmarks" / "results" / "multihost.json"
+    if args.render_only:
+        record = json.loads(saved.read_text())
+        emit(render(record["rows"], record["wall_s"]), args.out)
+        return
     rows = []
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         worker = Path(tmp) / "worker.py"
         worker.write_text(WORKER)
+        latency = max(r["allreduce_us"] for r in run("allreduce", Path(tmp), D, 0, worker))
+        print(f"all-reduce of {D} float64 alone: {latency:.0f} µs", flush=True)
         for size in [int(float(s)) for s in args.sizes.split(",")]:
             directory = Path(tmp) / f"n{size}"
             directory.mkdir()
@@ -168,18 +198,86 @@ def main() -> None:
                     "two_pass_s": max(r["pass_s"] for r in two),
                     "lo_bytes_per_iter": two[0]["lo_bytes_per_iter"],
                     "payload": 8 * D,
+                    "allreduce_us": latency,
                 }
                 row["one_iter_us"] = 1e6 * row["one_pass_s"] / iters
                 row["two_iter_us"] = 1e6 * row["two_pass_s"] / iters
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    text = render(rows, time.time() - started)
-    if args.out == "-":
+    wall = time.time() - started
+    saved.write_text(json.dumps({"rows": rows, "wall_s": wall}, indent=1))
+    emit(render(rows, wall), args.out)
+
+
+def emit(text: str, out: str) -> None:
+    if out == "-":
         print(text)
     else:
-        with open(args.out, "a") as f:
+        with open(out, "a") as f:
             f.write("\n" + text)
-        print(f"appended to {args.out}")
+        print(f"appended to {out}")
+
+
+# The scaling estimate's networks: per-message latency of a small all-reduce step (µs) and
+# bandwidth (bytes / µs). "as measured" is this machine's localhost all-reduce through JAX's
+# CPU collectives, taken as the per-step latency (pessimistic: it is one whole all-reduce).
+NETWORKS = [
+    ("TCP, 25 GbE (α = 30 µs, 3.1 GB/s)", 30.0, 3125.0),
+    ("RDMA / InfiniBand HDR (α = 3 µs, 25 GB/s)", 3.0, 25000.0),
+]
+
+
+def estimate(rows: list[dict]) -> list[str]:
+    """Per-iteration time on H hosts, T(H) = c·D·B/H + A(H), against T(1) = c·D·B: compute
+    split over the hosts plus a recursive-doubling all-reduce of 8·D bytes,
+    A(H) = ⌈log2 H⌉·(2α + 2·8D/β). c (µs per row per feature) from the 1-process rows; the
+    measured 2-process all-reduce time a = T2 − T1/2 from the 2-process rows."""
+    import math
+
+    big = max(rows, key=lambda r: (r["B"], r["N"]))
+    c = big["one_iter_us"] / (big["B"] * D)
+    overhead = float(np.median([r["two_iter_us"] - r["one_iter_us"] / 2 for r in rows]))
+    measured = rows[0]["allreduce_us"]
+    lines = [
+        "",
+        "Scaling estimate (on paper, from this run's rows): per-iteration time on H hosts "
+        "T(H) = c·D·B/H + A(H), against one host's T(1) = c·D·B, with "
+        f"c = {c * 1e3:.2f} ns per row per feature (1 process, B = {big['B']}, "
+        f"N = {big['N']:.0e}) and a recursive-doubling all-reduce of the 8·D-byte gradient, "
+        "A(H) = ⌈log₂H⌉·(2α + 2·8D/β). Assumptions: one process per host, compute that "
+        "splits perfectly over hosts (it is row-parallel), no overlap of compute and "
+        "communication (the next iteration needs the summed gradient), the rows already on "
+        "the hosts. Measured here between two local processes: an all-reduce of D = 10 "
+        f"float64 alone (a compiled loop of 1000) takes {measured:.0f} µs, and going from one "
+        f"process to two adds {overhead:.0f} µs per iteration (median of T₂ − T₁/2 over the "
+        "rows above) — far above a network's latency: JAX's CPU collectives (gloo over TCP) "
+        "pay per call. The last column takes the measured all-reduce as α, a pessimistic "
+        "bound.",
+        "",
+        "| D | B | H | "
+        + " | ".join(f"speed-up, {n}" for n, _, _ in NETWORKS)
+        + f" | speed-up, α = {measured:.0f} µs (measured here) |",
+        "|---:|---:|---:|" + "---:|" * (len(NETWORKS) + 1),
+    ]
+    for d in (10, 1000):
+        for b in (10_000, 100_000):
+            for h in (8, 16, 64):
+                one = c * d * b
+                cells = []
+                for _, alpha, beta in [*NETWORKS, ("", measured, 3125.0)]:
+                    a = math.ceil(math.log2(h)) * (2 * alpha + 2 * 8 * d / beta)
+                    cells.append(f"{one / (one / h + a):.1f}×")
+                lines.append(f"| {d} | {b} | {h} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Reading: a narrow model with small minibatches (D = 10, B = 10⁴: ~0.3 ms of "
+        "compute per iteration) is latency-bound — little gain on TCP, and more hosts are "
+        "slower; wide models or large minibatches (D·B ≥ 10⁷) scale near-linearly to 16 hosts "
+        "on TCP and to 64 on RDMA; at the per-call cost of the CPU collectives measured here "
+        "only the widest cases gain. What several hosts buy first is room: data that do not "
+        "fit on one host, read where they are.",
+    ]
+    return lines
 
 
 def render(rows: list[dict], wall: float) -> str:
@@ -214,6 +312,7 @@ def render(rows: list[dict], wall: float) -> str:
             f"{r['two_pass_s']:.3f} | {r['one_iter_us']:.1f} | {r['two_iter_us']:.1f} | "
             f"{r['lo_bytes_per_iter']:.0f} | {r['payload']} |"
         )
+    lines += estimate(rows)
     return "\n".join(lines) + "\n"
 
 

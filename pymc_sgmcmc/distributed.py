@@ -196,28 +196,47 @@ def is_main_process() -> bool:
     return process_index() == 0
 
 
-def initialize(**kwargs: Any) -> None:
-    """Start JAX's multi-process runtime, unless it has started.
+def initialize(**kwargs: Any) -> bool:
+    """Start JAX's multi-process runtime if the launcher set one up; return whether this is a
+    run of several processes. Call it before anything else uses JAX.
 
-    With keyword arguments, ``jax.distributed.initialize(**kwargs)``. Without, from the
-    environment: ``JAX_COORDINATOR_ADDRESS`` (``host:port`` of process 0), ``JAX_NUM_PROCESSES``
-    and ``JAX_PROCESS_ID`` if set (any launcher can set them; ``JAX_HEARTBEAT_TIMEOUT``
-    optionally, in seconds), else JAX's own detection of SLURM, Open MPI and Kubernetes
-    (``jax.distributed.initialize()``). Call it before anything else uses JAX."""
+    With keyword arguments: ``jax.distributed.initialize(**kwargs)``. Without, from the
+    environment:
+
+    * ``JAX_NUM_PROCESSES``, ``JAX_COORDINATOR_ADDRESS`` (``host:port`` of process 0) and
+      ``JAX_PROCESS_ID`` — or, in a Kubernetes Indexed Job, ``JOB_COMPLETION_INDEX`` — which
+      any launcher can set; ``JAX_HEARTBEAT_TIMEOUT`` (seconds) optionally;
+    * else a SLURM job step of several tasks (``srun``) or an Open MPI run of several ranks
+      (``mpirun``): JAX's own detection (``jax.distributed.initialize()``);
+    * else nothing: one process, and the same script runs unchanged on a laptop (a single
+      ``RowShard`` starting at row 0 is then the whole data set).
+    """
     import jax
 
     if jax.distributed.is_initialized():
-        return
+        return process_count() > 1
     env = os.environ
-    if not kwargs and "JAX_NUM_PROCESSES" in env and "JAX_PROCESS_ID" in env:
+    if not kwargs and "JAX_NUM_PROCESSES" in env:
+        process_id = env.get("JAX_PROCESS_ID", env.get("JOB_COMPLETION_INDEX"))
+        if process_id is None or "JAX_COORDINATOR_ADDRESS" not in env:
+            raise RuntimeError(
+                "JAX_NUM_PROCESSES is set, so every process needs JAX_COORDINATOR_ADDRESS "
+                "(host:port of process 0) and JAX_PROCESS_ID (or a Kubernetes Indexed Job's "
+                "JOB_COMPLETION_INDEX) too."
+            )
         kwargs = {
-            "coordinator_address": env.get("JAX_COORDINATOR_ADDRESS"),
+            "coordinator_address": env["JAX_COORDINATOR_ADDRESS"],
             "num_processes": int(env["JAX_NUM_PROCESSES"]),
-            "process_id": int(env["JAX_PROCESS_ID"]),
+            "process_id": int(process_id),
         }
         if "JAX_HEARTBEAT_TIMEOUT" in env:
             kwargs["heartbeat_timeout_seconds"] = int(env["JAX_HEARTBEAT_TIMEOUT"])
+    launched = int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_JOB_ID" in env
+    launched = launched or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1
+    if not kwargs and not launched:
+        return False
     jax.distributed.initialize(**kwargs)
+    return process_count() > 1
 
 
 def as_shards(data: Any) -> list[RowShard] | None:

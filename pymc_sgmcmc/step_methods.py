@@ -225,10 +225,14 @@ class SGMCMCStep(BlockedStep):
     data
         The full row-aligned arrays, by container name, when the model holds only their
         first rows: NumPy arrays, or memory-maps / zarr / dask / h5py arrays, which are then
-        read from disk in blocks, never whole (see :mod:`pymc_sgmcmc.out_of_core`).
+        read from disk in blocks, never whole (see :mod:`pymc_sgmcmc.out_of_core`). Or
+        this process's rows as a :class:`~pymc_sgmcmc.RowShard` (several hosts, each holding
+        its own rows; or a list of shards in one process, one device each): see
+        :mod:`pymc_sgmcmc.distributed`.
     devices
         ``None`` (JAX's default device), ``"all"`` (every device JAX sees — with
-        ``jax.distributed`` every device of every host) or a number ``k`` (the first ``k``):
+        ``jax.distributed`` every device of every host, each host holding all the rows) or a
+        number ``k`` (the first ``k``):
         each iteration's minibatch is split across them and the gradient is summed over
         devices (data-parallel, :mod:`jax.sharding`); each device holds ``1/k`` of the rows.
         ``batch_size`` must be a multiple of ``k``. See

@@ -319,3 +319,20 @@ def test_one_shard_in_one_process_is_the_whole_data_set():
             compute_convergence_checks=False,
         )
     assert np.all(np.isfinite(idata.posterior["b"].values))
+
+
+def test_initialize_is_a_no_op_in_one_process_and_names_missing_variables(monkeypatch):
+    for name in (
+        "JAX_NUM_PROCESSES",
+        "JAX_PROCESS_ID",
+        "JAX_COORDINATOR_ADDRESS",
+        "SLURM_NTASKS",
+        "SLURM_JOB_ID",
+        "OMPI_COMM_WORLD_SIZE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    assert pmsg.distributed.initialize() is False
+    assert pmsg.distributed.process_count() == 1 and pmsg.distributed.is_main_process()
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+    with pytest.raises(RuntimeError, match="JAX_COORDINATOR_ADDRESS"):
+        pmsg.distributed.initialize()
