@@ -81,7 +81,7 @@ class LostProcessError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class RowShard:
-    """Rows ``start .. start + n − 1`` of the whole data set, as this process holds them.
+    """The rows ``start`` to ``start + n − 1`` of the whole data set, as this process holds them.
 
     ``arrays`` maps each row-aligned container of the likelihood (as for ``data=``) to this
     shard's rows: NumPy arrays or memory-maps (read into memory once, on this host only).
@@ -126,7 +126,7 @@ def _rows(name: str, array: Any) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class ShardLayout:
-    """Where the rows are: shard ``i`` is rows ``starts[i] .. starts[i] + sizes[i] − 1``,
+    """Where the rows are: shard ``i`` is the rows ``starts[i]`` to ``starts[i] + sizes[i] − 1``,
     held by process ``owners[i]`` (sorted by ``starts``)."""
 
     starts: tuple[int, ...]
@@ -144,7 +144,7 @@ class ShardLayout:
 def check_partition(
     starts: Sequence[int], sizes: Sequence[int], owners: Sequence[int]
 ) -> ShardLayout:
-    """The layout of shards that partition ``0..N−1`` exactly, sorted by first row; else a
+    """The layout of shards that partition the rows 0 to N − 1 exactly, sorted by first row; else a
     :class:`DataLayoutError` naming the processes whose rows overlap or the rows nobody holds."""
     order = sorted(range(len(starts)), key=lambda i: (int(starts[i]), int(owners[i])))
     starts = [int(starts[i]) for i in order]

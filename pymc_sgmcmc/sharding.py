@@ -96,10 +96,10 @@ def shard_rows(
     batch_size: int,
     scheme: MinibatchScheme,
 ) -> tuple[tuple[Any, ...], Any, np.ndarray, Any]:
-    """:func:`shard_data` for rows held as shards (:class:`~pymc_sgmcmc.distributed.
-    ShardLayout` ``layout``; ``local`` this process's shards' rows, concatenated in row
-    order): one device per shard in one process, or each process's shard split over its own
-    devices. Each piece is shuffled once with a permutation seeded by its first row number
+    """:func:`shard_data` for rows held as shards, as ``layout`` (a
+    :class:`~pymc_sgmcmc.distributed.ShardLayout`) places them; ``local`` is this process's
+    shards' rows, concatenated in row order. One device per shard in one process, or each
+    process's shard split over its own devices. Each piece is shuffled once with a permutation seeded by its first row number
     (``"blocks"``), so the layout is the same however the pieces are spread over processes."""
     import jax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
