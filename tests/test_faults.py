@@ -187,7 +187,10 @@ def test_equal_seeds_give_bitwise_equal_draws_with_cores_1_and_2(step_cls):
 
 _INTERRUPT_SCRIPT = textwrap.dedent(
     """
-    import sys, numpy as np, pymc as pm, pymc_sgmcmc as pmsg
+    import signal, sys, numpy as np, pymc as pm, pymc_sgmcmc as pmsg
+    # Ctrl-C as in a terminal: a shell's background job (e.g. a CI runner's) inherits SIGINT
+    # ignored, and Python then leaves it ignored instead of raising KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     rng = np.random.default_rng(0)
     X = rng.normal(size=(4000, 2)); y = X @ [1.0, -0.5] + rng.normal(size=4000)
 
@@ -341,6 +344,9 @@ def test_draws_written_as_they_come_survive_a_killed_process(tmp_path):
 _INTERRUPT_FIRST_CHAIN_SCRIPT = textwrap.dedent(
     """
     import os, signal, numpy as np, pymc as pm, pymc_sgmcmc as pmsg
+    # Ctrl-C as in a terminal: a shell's background job (e.g. a CI runner's) inherits SIGINT
+    # ignored, and Python then leaves it ignored instead of raising KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     rng = np.random.default_rng(0)
     X = rng.normal(size=(4000, 2)); y = X @ [1.0, -0.5] + rng.normal(size=4000)
 
