@@ -3,7 +3,7 @@
 The multi-process checks start two local processes on the CPU (JAX's CPU collectives over
 TCP, one CPU device each) with the environment variables ``pmsg.distributed.initialize()``
 reads, and compare their draws with one process that holds both shards on two forced XLA
-CPU devices (the same layout simulated). Time: ~70 s of CPU in total, most of it XLA
+CPU devices (the same layout simulated). Time: ~60 s on two cores, most of it XLA
 compilation in each process.
 """
 
@@ -71,12 +71,10 @@ _COMMON = textwrap.dedent(
 _DRAWS = _COMMON + textwrap.dedent(
     """
     out = {"process": ME, "processes": pmsg.distributed.process_count()}
-    idata = run(pmsg.IASG(data=shards()), draws=300, tune=100, chains=2)
+    idata = run(pmsg.IASG(data=shards()), draws=250, tune=60, chains=2)
     out["iasg"] = idata.posterior["b"].values.tolist()
     import arviz as az
     out["iasg_ess"] = az.ess(idata)["b"].values.tolist()
-    idata = run(pmsg.SGLD(batch_size=200, data=shards()), draws=30, tune=20, chains=1)
-    out["sgld"] = idata.posterior["b"].values.tolist()
     # Every process holding every row, devices="all" (sim: devices=2): sharding.py's claim.
     with model():
         pm.set_data({"X": X, "y_obs": y})
@@ -195,7 +193,7 @@ def test_two_processes_draw_what_one_process_with_both_shards_draws(draws):
     # bits, hence the 1e-12 relative tolerance).
     sim, (p0, p1) = draws
     assert (p0["process"], p1["process"], p0["processes"]) == (0, 1, 2)
-    for key in ("iasg", "sgld", "all"):
+    for key in ("iasg", "all"):
         one = np.asarray(sim[key])
         for proc in (p0, p1):
             np.testing.assert_allclose(np.asarray(proc[key]), one, rtol=1e-12, atol=0)
