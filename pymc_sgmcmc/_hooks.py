@@ -66,6 +66,7 @@ _INTERRUPTED: contextvars.ContextVar[tuple | None] = contextvars.ContextVar(
     "pmsg_interrupted", default=None
 )
 _CHAIN: int | None = None  # the chain this process is sampling (see current_chain)
+_PROCESS_CHAIN_INDEX = 9  # PyMC's _Process arguments after self: name, ..., blas_cores, chain
 
 
 def current_chain() -> int | None:
@@ -83,7 +84,8 @@ def _run_process_with_chain(*args: Any) -> None:
     global _CHAIN
     from pymc.sampling.parallel import _Process
 
-    _CHAIN = int(args[9]) if len(args) > 9 and isinstance(args[9], int | np.integer) else None
+    i = _PROCESS_CHAIN_INDEX
+    _CHAIN = int(args[i]) if len(args) > i and isinstance(args[i], int | np.integer) else None
     _Process(*args).run()
 
 
@@ -244,11 +246,67 @@ def variational_group(entries: list[dict], model: Any) -> Any:
     return None
 
 
+# The PyMC internals wrapped by :func:`install`, with the parameters the wrappers read or pass
+# on by name (``_Process``: the worker's ``chain`` is its 10th positional argument, read by
+# :func:`_run_process_with_chain`). Checked at import: a PyMC whose internals changed shape
+# fails loudly, naming what changed, instead of sampling with half-working wrappers.
+PATCHED_INTERNALS: dict[str, tuple[str, ...]] = {
+    "pymc.sampling.mcmc.assign_step_methods": ("model", "step", "methods"),
+    "pymc.sampling.mcmc.instantiate_steppers": ("model", "steps", "step_kwargs"),
+    "pymc.sampling.mcmc._sample_return": ("traces", "idata_kwargs", "model"),
+    "pymc.sampling.mcmc._sample": ("chain", "draws", "step", "trace", "callback"),
+    "pymc.sampling.mcmc._mp_sample": ("draws", "tune", "step", "chains", "traces", "model"),
+    "pymc.sampling.parallel._run_process": ("args",),
+}
+
+
+def check_pymc_internals(modules: dict[str, Any] | None = None) -> None:
+    """Refuse a PyMC whose wrapped internals (:data:`PATCHED_INTERNALS`) changed: each must
+    exist and take the parameters the wrappers rely on. ``modules``: for tests, module
+    objects by dotted name instead of the imported ones."""
+    import importlib
+    import inspect
+
+    import pymc
+
+    problems = []
+    for path, needed in PATCHED_INTERNALS.items():
+        module_name, name = path.rsplit(".", 1)
+        module = (modules or {}).get(module_name) or importlib.import_module(module_name)
+        fn = getattr(module, name, None)
+        if fn is None:
+            problems.append(f"{path} is gone")
+            continue
+        params = list(inspect.signature(fn).parameters)
+        missing = [p for p in needed if p not in params]
+        if missing:
+            problems.append(f"{path} has no parameter(s) {missing} (it takes {params})")
+    parallel = (modules or {}).get("pymc.sampling.parallel") or importlib.import_module(
+        "pymc.sampling.parallel"
+    )
+    process = getattr(parallel, "_Process", None)
+    params = list(inspect.signature(process.__init__).parameters)[1:] if process else []
+    if len(params) <= _PROCESS_CHAIN_INDEX or params[_PROCESS_CHAIN_INDEX] != "chain":
+        problems.append(
+            f"pymc.sampling.parallel._Process's argument {_PROCESS_CHAIN_INDEX + 1} is not "
+            f"'chain' (it takes {params})"
+        )
+    if problems:
+        raise ImportError(
+            f"pymc_sgmcmc wraps a few internals of PyMC's pm.sample, and in PyMC "
+            f"{pymc.__version__} they changed: " + "; ".join(problems) + ". This release of "
+            "pymc_sgmcmc was built against PyMC 5.20-5.28 (see pyproject.toml); install a "
+            "PyMC in that range or a pymc_sgmcmc that supports yours."
+        )
+
+
 def install() -> None:
-    """Wrap ``assign_step_methods`` and ``_sample_return`` of ``pymc.sampling.mcmc`` once."""
+    """Wrap PyMC's ``pm.sample`` internals (:data:`PATCHED_INTERNALS`) once, after checking
+    that they still have the shape the wrappers expect (:func:`check_pymc_internals`)."""
     global _INSTALLED
     if _INSTALLED:
         return
+    check_pymc_internals()
     import pymc.sampling.mcmc as mcmc
 
     assign_original = mcmc.assign_step_methods

@@ -198,3 +198,28 @@ def test_schedule_step_size(model):
     assert np.all(np.diff(eps) < 0)
     it = idata.sample_stats["data_passes"].values[0] * 2000 / 100
     np.testing.assert_allclose(eps, 1e-4 * (10.0 + it - 1) ** -0.55, rtol=1e-10)
+
+
+def test_a_pymc_whose_wrapped_internals_changed_is_refused_naming_them():
+    import types
+
+    import pymc.sampling.mcmc as mcmc
+    import pymc.sampling.parallel as parallel
+
+    from pymc_sgmcmc._hooks import check_pymc_internals
+
+    check_pymc_internals()  # the installed PyMC passes
+    changed = types.SimpleNamespace(**vars(mcmc))
+    changed._sample = lambda chain, draws, step, trace, progress_manager: None  # no callback
+
+    class _Process:
+        def __init__(self, name, msg_pipe, chain):
+            pass
+
+    moved = types.SimpleNamespace(**{**vars(parallel), "_Process": _Process})
+    with pytest.raises(ImportError) as info:
+        check_pymc_internals({"pymc.sampling.mcmc": changed, "pymc.sampling.parallel": moved})
+    message = str(info.value)
+    assert "pymc.sampling.mcmc._sample has no parameter(s) ['callback']" in message
+    assert "_Process's argument 10 is not 'chain'" in message
+    assert "PyMC 5.20-5.28" in message
