@@ -93,9 +93,16 @@ _BAD_LAYOUT = _COMMON + textwrap.dedent(
     try:
         with model():
             pmsg.IASG(data=pmsg.RowShard({"X": a, "y_obs": c}, start=start))
-        print("RESULT" + json.dumps({"error": None}), flush=True)
+        result = {"error": None}
     except Exception as err:
-        print("RESULT" + json.dumps({"error": [type(err).__name__, str(err)]}), flush=True)
+        result = {"error": [type(err).__name__, str(err)]}
+    # 3 001 rows over two processes: the default batch (every row, N <= 4096) is rounded
+    # down to a multiple of the two devices.
+    lo, hi = (0, 1500) if ME == 0 else (1500, 3001)
+    with model():
+        step = pmsg.SGLD(data=pmsg.RowShard({"X": X[lo:hi], "y_obs": y[lo:hi]}, start=lo))
+    result["odd_batch"] = [step.problem.data_size, step.batch_size]
+    print("RESULT" + json.dumps(result), flush=True)
     """
 )
 
@@ -220,8 +227,10 @@ def test_a_layout_that_reads_rows_twice_is_refused_on_every_process(scripts):
     results = _two_processes(scripts["bad"])
     for rc, stdout, stderr, _ in results:
         assert rc == 0, stderr[-3000:]
-        name, message = _result(stdout)["error"]
+        result = _result(stdout)
+        name, message = result["error"]
         assert name == "DataLayoutError"
+        assert result["odd_batch"] == [3001, 3000]
         assert "rows 11990..11999 are held twice (process 0 and process 1)" in message
 
 
