@@ -106,6 +106,21 @@ _BAD_LAYOUT = _COMMON + textwrap.dedent(
     """
 )
 
+# Two devices per process: each process splits its shard over its own devices; the same
+# four pieces as four shards in one process give the same draws.
+_TWO_DEVICES_EACH = _COMMON + textwrap.dedent(
+    """
+    if MODE == "sim":
+        cuts = [0, CUT // 2, CUT, CUT + (n - CUT) // 2, n]
+        data = [pmsg.RowShard({"X": X[a:b], "y_obs": y[a:b]}, start=a)
+                for a, b in zip(cuts[:-1], cuts[1:])]
+    else:
+        data = shards()
+    idata = run(pmsg.SGLD(batch_size=200, data=data), draws=30, tune=20, chains=1)
+    print("RESULT" + json.dumps({"draws": idata.posterior["b"].values.tolist()}), flush=True)
+    """
+)
+
 _DEATH = _COMMON + textwrap.dedent(
     """
     def die(trace, draw):
@@ -131,7 +146,7 @@ def _result(stdout: str) -> dict:
     return json.loads(lines[-1][len("RESULT") :])
 
 
-def _two_processes(script, timeout=600, heartbeat=None):
+def _two_processes(script, timeout=600, heartbeat=None, devices=None):
     """Run ``script dist`` as processes 0 and 1; (returncode, stdout, stderr, end time) each."""
     port = _free_port()
     procs = []
@@ -143,6 +158,8 @@ def _two_processes(script, timeout=600, heartbeat=None):
             "JAX_PROCESS_ID": str(pid),
         }
         env.pop("XLA_FLAGS", None)
+        if devices is not None:
+            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
         if heartbeat is not None:
             env["JAX_HEARTBEAT_TIMEOUT"] = str(heartbeat)
         procs.append(
@@ -171,7 +188,8 @@ def _two_processes(script, timeout=600, heartbeat=None):
 def scripts(tmp_path_factory):
     root = tmp_path_factory.mktemp("distributed")
     paths = {}
-    for name, text in {"draws": _DRAWS, "bad": _BAD_LAYOUT, "death": _DEATH}.items():
+    scripts = {"draws": _DRAWS, "bad": _BAD_LAYOUT, "death": _DEATH, "two": _TWO_DEVICES_EACH}
+    for name, text in scripts.items():
         paths[name] = root / f"{name}.py"
         paths[name].write_text(text)
     return paths
@@ -204,6 +222,22 @@ def test_two_processes_draw_what_one_process_with_both_shards_draws(draws):
         one = np.asarray(sim[key])
         for proc in (p0, p1):
             np.testing.assert_allclose(np.asarray(proc[key]), one, rtol=1e-12, atol=0)
+
+
+def test_each_process_splits_its_shard_over_its_own_devices(scripts):
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    sim = subprocess.run(
+        [sys.executable, str(scripts["two"]), "sim"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert sim.returncode == 0, sim.stderr[-3000:]
+    one = np.asarray(_result(sim.stdout)["draws"])
+    for rc, stdout, stderr, _ in _two_processes(scripts["two"], devices=2):
+        assert rc == 0, stderr[-3000:]
+        np.testing.assert_allclose(np.asarray(_result(stdout)["draws"]), one, rtol=1e-12)
 
 
 def test_sorted_unequal_shards_give_the_exact_posterior(draws):
