@@ -412,6 +412,15 @@ class SGMCMCStep(BlockedStep):
                 f"{devices!r}."
             )
         self.devices = devices
+        if devices in (None, 1, "chains") and process_count() > 1:
+            warnings.warn(
+                f"JAX runs {process_count()} processes (jax.distributed), but this step samples "
+                "on this process's devices only: every process samples the whole data set on "
+                "its own. Give each process its rows as data=pmsg.RowShard(arrays, start=...), "
+                "or every row with devices='all', to split the minibatches across hosts.",
+                UserWarning,
+                stacklevel=2,
+            )
         if devices not in (None, 1, "chains") and not self._streams:
             raise ModelNotSupportedError(
                 f"{type(self).__name__} keeps per-row state or takes full-data gradients; it "

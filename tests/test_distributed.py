@@ -102,6 +102,11 @@ _BAD_LAYOUT = _COMMON + textwrap.dedent(
     with model():
         step = pmsg.SGLD(data=pmsg.RowShard({"X": X[lo:hi], "y_obs": y[lo:hi]}, start=lo))
     result["odd_batch"] = [step.problem.data_size, step.batch_size]
+    import warnings
+    with warnings.catch_warnings(record=True) as caught, model():
+        warnings.simplefilter("always")
+        pmsg.SGLD()  # no shards, one device: every process would sample alone
+    result["alone"] = [str(w.message) for w in caught]
     print("RESULT" + json.dumps(result), flush=True)
     """
 )
@@ -265,6 +270,7 @@ def test_a_layout_that_reads_rows_twice_is_refused_on_every_process(scripts):
         name, message = result["error"]
         assert name == "DataLayoutError"
         assert result["odd_batch"] == [3001, 3000]
+        assert any("every process samples the whole data set" in w for w in result["alone"])
         assert "rows 11990..11999 are held twice (process 0 and process 1)" in message
 
 
