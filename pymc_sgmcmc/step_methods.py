@@ -383,14 +383,6 @@ class SGMCMCStep(BlockedStep):
                 )
         n = self.problem.data_size
         self.batch_size = int(batch_size) if batch_size is not None else default_batch_size(n)
-        if batch_size is None and devices not in (None, 1, "chains"):
-            # Split over k devices: the default rounded down to a multiple of k (each device
-            # takes the same share); an explicit batch_size that is not is refused by name.
-            if self._shard_layout is not None and process_count() == 1:
-                k = len(self._shard_layout.sizes)
-            else:
-                k = len(resolve_devices(devices) or [None])
-            self.batch_size = max(k, self.batch_size - self.batch_size % k)
         if freeze_locals is None:
             # Adapt while sampling where q's targets are exact (every row in every
             # iteration); with minibatches their noise would pass into the locals' draws, so
@@ -412,6 +404,14 @@ class SGMCMCStep(BlockedStep):
                 f"{devices!r}."
             )
         self.devices = devices
+        if batch_size is None and devices not in (None, 1, "chains"):
+            # Split over k devices: the default rounded down to a multiple of k (each device
+            # takes the same share); an explicit batch_size that is not is refused by name.
+            if self._shard_layout is not None and process_count() == 1:
+                k = len(self._shard_layout.sizes)
+            else:
+                k = len(resolve_devices(devices) or [None])
+            self.batch_size = max(k, self.batch_size - self.batch_size % k)
         if devices in (None, 1, "chains") and process_count() > 1:
             warnings.warn(
                 f"JAX runs {process_count()} processes (jax.distributed), but this step samples "
