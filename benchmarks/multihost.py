@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pymc_sgmcmc.distributed import local_environment
+
 ROOT = Path(__file__).resolve().parent.parent
 D = 10
 
@@ -138,12 +140,7 @@ def run(mode: str, directory: Path, batch: int, draws: int, worker: Path) -> lis
     port = free_port()
     procs = []
     for pid in (0, 1):
-        env = {
-            **os.environ,
-            "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
-            "JAX_NUM_PROCESSES": "2",
-            "JAX_PROCESS_ID": str(pid),
-        }
+        env = {**os.environ, **local_environment(pid, 2, port)}
         procs.append(
             subprocess.Popen(
                 cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

@@ -66,6 +66,7 @@ __all__ = [
     "check_partition",
     "initialize",
     "is_main_process",
+    "local_environment",
     "process_count",
     "process_index",
 ]
@@ -237,6 +238,17 @@ def initialize(**kwargs: Any) -> bool:
         return False
     jax.distributed.initialize(**kwargs)
     return process_count() > 1
+
+
+def local_environment(process_id: int, num_processes: int, port: int) -> dict[str, str]:
+    """The variables :func:`initialize` reads, for process ``process_id`` of ``num_processes``
+    on this one machine (the coordinator on ``127.0.0.1:port``): to try a cluster script
+    locally, start it once per process with ``env={**os.environ, **local_environment(...)}``."""
+    return {
+        "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+        "JAX_NUM_PROCESSES": str(num_processes),
+        "JAX_PROCESS_ID": str(process_id),
+    }
 
 
 def as_shards(data: Any) -> list[RowShard] | None:

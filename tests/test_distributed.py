@@ -156,12 +156,7 @@ def _two_processes(script, timeout=600, heartbeat=None, devices=None):
     port = _free_port()
     procs = []
     for pid in (0, 1):
-        env = {
-            **os.environ,
-            "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
-            "JAX_NUM_PROCESSES": "2",
-            "JAX_PROCESS_ID": str(pid),
-        }
+        env = {**os.environ, **pmsg.distributed.local_environment(pid, 2, port)}
         env.pop("XLA_FLAGS", None)
         if devices is not None:
             env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
@@ -200,21 +195,23 @@ def scripts(tmp_path_factory):
     return paths
 
 
-@pytest.fixture(scope="module")
-def draws(scripts):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+def _one_process(script, devices):
+    """Run ``script sim`` in one process with ``devices`` forced XLA CPU devices."""
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
     sim = subprocess.run(
-        [sys.executable, str(scripts["draws"]), "sim"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        [sys.executable, str(script), "sim"], env=env, capture_output=True, text=True, timeout=600
     )
     assert sim.returncode == 0, sim.stderr[-3000:]
+    return _result(sim.stdout)
+
+
+@pytest.fixture(scope="module")
+def draws(scripts):
+    sim = _one_process(scripts["draws"], devices=2)
     dist = _two_processes(scripts["draws"])
     for rc, _, stderr, _ in dist:
         assert rc == 0, stderr[-3000:]
-    return _result(sim.stdout), [_result(stdout) for _, stdout, _, _ in dist]
+    return sim, [_result(stdout) for _, stdout, _, _ in dist]
 
 
 def test_two_processes_draw_what_one_process_with_both_shards_draws(draws):
@@ -230,16 +227,7 @@ def test_two_processes_draw_what_one_process_with_both_shards_draws(draws):
 
 
 def test_each_process_splits_its_shard_over_its_own_devices(scripts):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    sim = subprocess.run(
-        [sys.executable, str(scripts["two"]), "sim"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert sim.returncode == 0, sim.stderr[-3000:]
-    one = np.asarray(_result(sim.stdout)["draws"])
+    one = np.asarray(_one_process(scripts["two"], devices=4)["draws"])
     for rc, stdout, stderr, _ in _two_processes(scripts["two"], devices=2):
         assert rc == 0, stderr[-3000:]
         np.testing.assert_allclose(np.asarray(_result(stdout)["draws"]), one, rtol=1e-12)
