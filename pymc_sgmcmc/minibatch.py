@@ -42,9 +42,11 @@ __all__ = [
     "full_data_chunks",
     "layout_data",
     "layout_shards",
+    "local_batch",
     "minibatch_indices",
     "minibatch_row_ids",
     "noise_factor",
+    "stack_pieces",
     "take_minibatch",
 ]
 
@@ -84,12 +86,7 @@ def layout_shards(
     ``Σ_d (N_d / B_d) Σ_{i ∈ S_d} ∇ log p(x_i | θ)`` is unbiased for the full-data one — a
     stratified version of the single-device estimator, with slightly *less* noise (at most
     a fraction ``1/N_d`` of it, which the noise estimate does not see)."""
-    if batch_size % shards:
-        raise ValueError(
-            f"batch_size={batch_size} must be a multiple of the number of devices ({shards}) "
-            "so that each device takes the same share of the minibatch."
-        )
-    local_b = batch_size // shards
+    local_b = local_batch(batch_size, shards)
     n = arrays[0].shape[0]
     perm = np.random.default_rng(SHUFFLE_SEED).permutation(n) if scheme == "blocks" else None
     bounds = np.linspace(0, n, shards + 1).astype(np.int64)
@@ -104,13 +101,31 @@ def layout_shards(
     out = []
     for a in arrays:
         a = a[perm] if perm is not None else a
-        stacked = np.zeros((shards, length, *a.shape[1:]), dtype=a.dtype)
-        for d in range(shards):
-            piece = a[bounds[d] : bounds[d + 1]]
-            stacked[d, : len(piece)] = piece
-            stacked[d, len(piece) : len(piece) + extra] = piece[:extra]
-        out.append(stacked)
+        pieces = [a[bounds[d] : bounds[d + 1]] for d in range(shards)]
+        out.append(stack_pieces(pieces, length, extra))
     return tuple(out), sizes
+
+
+def local_batch(batch_size: int, devices: int) -> int:
+    """Each device's share ``B / k`` of the minibatch; refuses a ``B`` that ``k`` does not
+    divide."""
+    if batch_size % devices:
+        raise ValueError(
+            f"batch_size={batch_size} must be a multiple of the number of devices ({devices}) "
+            "so that each device takes the same share of the minibatch."
+        )
+    return batch_size // devices
+
+
+def stack_pieces(pieces: Sequence[np.ndarray], length: int, extra: int) -> np.ndarray:
+    """Pieces of one array as ``(len(pieces), length, ...)``: each piece followed by its own
+    first ``extra`` rows (the ``"blocks"`` scheme's wrap-around, ``extra = B_d − 1``) and zeros."""
+    first = pieces[0]
+    stacked = np.zeros((len(pieces), length, *first.shape[1:]), dtype=first.dtype)
+    for d, piece in enumerate(pieces):
+        stacked[d, : len(piece)] = piece
+        stacked[d, len(piece) : len(piece) + extra] = piece[:extra]
+    return stacked
 
 
 def block_rows(data_size: int, batch_size: int, max_relative_error: float = 0.01) -> int:

@@ -37,6 +37,8 @@ from pymc_sgmcmc.minibatch import (
     SHUFFLE_SEED,
     MinibatchScheme,
     layout_shards,
+    local_batch,
+    stack_pieces,
     take_minibatch,
 )
 
@@ -99,8 +101,9 @@ def shard_rows(
     """:func:`shard_data` for rows held as shards, as ``layout`` (a
     :class:`~pymc_sgmcmc.distributed.ShardLayout`) places them; ``local`` is this process's
     shards' rows, concatenated in row order. One device per shard in one process, or each
-    process's shard split over its own devices. Each piece is shuffled once with a permutation seeded by its first row number
-    (``"blocks"``), so the layout is the same however the pieces are spread over processes."""
+    process's shard split over its own devices. Each piece is shuffled once with a
+    permutation seeded by its first row number (``"blocks"``), so the layout is the same
+    however the pieces are spread over processes."""
     import jax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -115,23 +118,10 @@ def shard_rows(
             by_process.setdefault(device.process_index, []).append(device)
         devices = [d for owner in layout.owners for d in by_process[owner]]
     else:
-        per = 1
-        available = jax.devices()
-        if len(available) < len(layout.sizes):
-            raise ValueError(
-                f"{len(layout.sizes)} row shards in one process need one JAX device each, but "
-                f"JAX sees {len(available)}. On a CPU, set "
-                f"XLA_FLAGS=--xla_force_host_platform_device_count={len(layout.sizes)} before "
-                "JAX starts."
-            )
-        devices = list(available[: len(layout.sizes)])
+        per = 1  # one device per shard (the step checked that there are enough)
+        devices = list(jax.devices()[: len(layout.sizes)])
     k = len(devices)
-    if batch_size % k:
-        raise ValueError(
-            f"batch_size={batch_size} must be a multiple of the number of devices ({k}) so "
-            "that each device takes the same share of the minibatch."
-        )
-    local_b = batch_size // k
+    local_b = local_batch(batch_size, k)
     # Pieces: shard i split into `per` contiguous parts (one per device of its process).
     starts, sizes = [], []
     for start, size in zip(layout.starts, layout.sizes, strict=True):
@@ -157,16 +147,15 @@ def shard_rows(
     sharding = NamedSharding(mesh, PartitionSpec(AXIS))
     data = []
     for a in local:
-        stacked = np.zeros((len(mine), length, *a.shape[1:]), dtype=a.dtype)
-        for j, i in enumerate(mine):
-            lo = starts[i] - offset
-            piece = np.asarray(a[lo : lo + sizes[i]])
+        pieces = []
+        for i in mine:
+            piece = np.asarray(a[starts[i] - offset : starts[i] - offset + sizes[i]])
             if scheme == "blocks":
                 piece = piece[
                     np.random.default_rng([SHUFFLE_SEED, starts[i]]).permutation(len(piece))
                 ]
-            stacked[j, : len(piece)] = piece
-            stacked[j, len(piece) : len(piece) + extra] = piece[:extra]
+            pieces.append(piece)
+        stacked = stack_pieces(pieces, length, extra)
         if multi:
             global_shape = (k, *stacked.shape[1:])
             data.append(jax.make_array_from_process_local_data(sharding, stacked, global_shape))

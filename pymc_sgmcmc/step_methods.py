@@ -518,7 +518,7 @@ class SGMCMCStep(BlockedStep):
         layout = gather_layout(shards)
         if len(layout.sizes) == 1:
             return dict(shards[0].arrays), devices  # the whole data set, in this process
-        if process_count() == 1 and len(layout.sizes) > 1:
+        if process_count() == 1:
             import jax
 
             if len(jax.devices()) < len(layout.sizes):
@@ -529,10 +529,12 @@ class SGMCMCStep(BlockedStep):
                     "concatenate the shards)."
                 )
         names = list(shards[0].arrays)
+        # This process's rows in row order; one shard (every multi-process run) stays as given,
+        # e.g. a memory-map that shard_rows then reads piece by piece, without a whole copy.
         local = {
-            name: np.concatenate([np.asarray(s.arrays[name]) for s in shards], axis=0)
-            if len(shards) > 1
-            else np.asarray(shards[0].arrays[name])
+            name: np.asarray(shards[0].arrays[name])
+            if len(shards) == 1
+            else np.concatenate([np.asarray(s.arrays[name]) for s in shards], axis=0)
             for name in names
         }
         problem = with_data(self.problem, local)
