@@ -21,7 +21,11 @@ sampler its own rows as a :class:`RowShard`::
 What happens. Building the step gathers every process's ``(start, rows)`` and checks that
 the shards partition ``0..N−1`` exactly (:func:`check_partition`: a row held twice or by
 nobody is refused, naming the processes), so ``N`` — which scales the likelihood — is the
-sum over hosts. Each host lays out only its own rows on its own devices (shuffled once within
+sum over hosts. Shuffle the rows before cutting them into shards: the tuning measures a
+uniform minibatch's gradient noise, and shards that differ systematically (one year, one
+region, one outcome per host) give a shard-by-shard minibatch less noise than that, so the
+samplers that are their noise come out too narrow (docs/cluster.md has the measurement).
+Each host lays out only its own rows on its own devices (shuffled once within
 the shard for the ``"blocks"`` scheme); one global device mesh spans the hosts. Every
 iteration each device draws ``B/k`` rows of its own piece and the gradient
 ``Σ_d (N_d / B_d) Σ_{i ∈ S_d} ∇ log p(x_i | θ)`` — unbiased for the full-data gradient

@@ -406,12 +406,19 @@ class SGMCMCStep(BlockedStep):
         self.devices = devices
         if batch_size is None and devices not in (None, 1, "chains"):
             # Split over k devices: the default rounded down to a multiple of k (each device
-            # takes the same share); an explicit batch_size that is not is refused by name.
-            if self._shard_layout is not None and process_count() == 1:
-                k = len(self._shard_layout.sizes)
+            # takes the same share), and with row shards of unequal sizes at most k times the
+            # smallest device's piece (each device draws its share from its own rows); an
+            # explicit batch_size that breaks either is refused by name.
+            layout = self._shard_layout
+            if layout is not None and process_count() == 1:
+                k = len(layout.sizes)
             else:
                 k = len(resolve_devices(devices) or [None])
-            self.batch_size = max(k, self.batch_size - self.batch_size % k)
+            b = self.batch_size
+            if layout is not None:
+                per = k // len(layout.sizes)  # devices per shard
+                b = min(b, k * (min(layout.sizes) // per))
+            self.batch_size = max(k, b - b % k)
         if devices in (None, 1, "chains") and process_count() > 1:
             warnings.warn(
                 f"JAX runs {process_count()} processes (jax.distributed), but this step samples "
