@@ -21,10 +21,9 @@ sampler its own rows as a :class:`RowShard`::
 What happens. Building the step gathers every process's ``(start, rows)`` and checks that
 the shards partition ``0..N−1`` exactly (:func:`check_partition`: a row held twice or by
 nobody is refused, naming the processes), so ``N`` — which scales the likelihood — is the
-sum over hosts. Shuffle the rows before cutting them into shards: the tuning measures a
-uniform minibatch's gradient noise, and shards that differ systematically (one year, one
-region, one outcome per host) give a shard-by-shard minibatch less noise than that, so the
-samplers that are their noise come out too narrow (docs/cluster.md has the measurement).
+sum over hosts. Shards may differ systematically (one year, one region, one outcome per
+host): a shard-by-shard minibatch then has less noise than a uniform one, and the tuning
+measures that noise shard by shard (:func:`pymc_sgmcmc.sharding.sharded_gradient_noise`).
 Each host lays out only its own rows on its own devices (shuffled once within
 the shard for the ``"blocks"`` scheme); one global device mesh spans the hosts. Every
 iteration each device draws ``B/k`` rows of its own piece and the gradient

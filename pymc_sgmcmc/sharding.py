@@ -8,9 +8,10 @@ the prior's gradient is added once. The estimator
 
 .. math:: \nabla \log p(\theta) + \sum_d \frac{N_d}{B/k} \sum_{i \in S_d} \nabla \log p(x_i \mid \theta)
 
-is unbiased for the full-data gradient. Everything else — the kernel, the noise estimates
-for tuning (from the first device's rows, a uniform sample of the shuffled data), the
-draw's scan — is the single-device code.
+is unbiased for the full-data gradient. Its noise is a stratified sample's,
+``Σ_d (N_d²/B_d)·f_d·C_d`` (:func:`sharded_gradient_noise`), which the tuning measures piece by
+piece: less than a uniform minibatch's when the pieces differ. Everything else — the kernel,
+the draw's scan — is the single-device code.
 
 Testing on one machine: ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` (set before
 JAX starts) makes the CPU look like four devices.
@@ -22,8 +23,9 @@ own devices of one global mesh); or every process holds the whole data set and p
 every process runs the same ``pm.sample`` call with the same ``random_seed`` and computes the
 same draws (``tests/test_distributed.py`` runs both with two processes on the CPU).
 
-Tuning reads blocks of rows drawn uniformly from all ``N`` rows (:func:`sharded_uniform_rows`),
-replicated on every device.
+Tuning's curvature reads blocks of rows drawn uniformly from all ``N`` rows
+(:func:`sharded_uniform_rows`), replicated on every device; its gradient noise is measured on
+each device's own piece (:func:`sharded_gradient_noise`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ __all__ = [
     "resolve_devices",
     "shard_data",
     "shard_rows",
+    "sharded_gradient_noise",
     "sharded_loglik",
     "sharded_uniform_rows",
 ]
@@ -200,6 +203,61 @@ def sharded_uniform_rows(mesh: Any, sizes: np.ndarray, rows: int) -> Callable:
         return tuple(out)
 
     return jax.shard_map(local, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS)), out_specs=P())
+
+
+def sharded_gradient_noise(
+    per_example_grads: Callable,
+    mesh: Any,
+    sizes: np.ndarray,
+    local_batch: int,
+    block: int,
+    rows: int,
+    full: bool,
+    chunk_work: int,
+) -> Callable:
+    """``f(key, position, fixed, data, n_local) -> S``: the covariance of the sharded
+    minibatch-gradient estimator itself, ``S = Σ_d (N_d² / B_d) · f_d · C_d`` (``C_d`` the
+    per-row gradient covariance within piece ``d``, ``f_d`` the scheme's factor for blocks of
+    ``block`` rows of it), replicated on every device.
+
+    A minibatch drawn piece by piece is a stratified sample: it has none of the spread between
+    the pieces' mean gradients that a uniform minibatch has. When the pieces differ
+    systematically (rows split by an outcome, a date or a group) that spread is much of the
+    per-row noise, and tuning to a uniform minibatch's noise would take the estimator to be
+    noisier than it is — a sampler that counts on it then comes out too narrow. Each device
+    estimates ``C_d`` from ``rows`` rows of its own piece drawn uniformly with replacement; one
+    all-reduce adds the weighted terms."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    from pymc_sgmcmc.tuning.averaging import chunked_gradient_noise
+
+    sizes = np.asarray(sizes, dtype=np.float64)
+    factors = np.where(sizes > 1, (sizes - block) / np.maximum(sizes - 1, 1), 1.0)
+    weights = sizes**2 / local_batch * factors
+
+    def local(key, position, fixed, data, n_local):
+        d = jax.lax.axis_index(AXIS)
+        idx = jax.random.randint(jax.random.fold_in(key, d), (rows,), 0, n_local[0])
+        block_rows_ = tuple(jnp.take(a[0], idx, axis=0) for a in data)
+
+        # The position is replicated; a gradient with respect to a replicated value is summed
+        # over the devices (its transpose is a psum). Each device's rows' gradients must be
+        # its own, so the position is cast to a device-varying value first.
+        here = jax.lax.pcast(position, AXIS, to="varying")
+
+        def rows_of(start, size):
+            part = tuple(jax.lax.dynamic_slice_in_dim(a, start, size) for a in block_rows_)
+            return per_example_grads(here, fixed, part)
+
+        c = chunked_gradient_noise(rows_of, rows, position.shape[0], full, chunk_work)
+        weight = jnp.asarray(weights, dtype=c.dtype)[d]
+        return jax.lax.psum(weight * c, AXIS)
+
+    return jax.shard_map(
+        local, mesh=mesh, in_specs=(P(), P(), P(), P(AXIS), P(AXIS)), out_specs=P()
+    )
 
 
 def sharded_loglik(

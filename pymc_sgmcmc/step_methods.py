@@ -12,6 +12,7 @@ calling process, whatever ``cores`` (see :mod:`pymc_sgmcmc._multiprocessing`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import warnings
@@ -43,6 +44,7 @@ from pymc_sgmcmc.errors import (
 from pymc_sgmcmc.kernels.preconditioning import apply_preconditioner
 from pymc_sgmcmc.minibatch import (
     MinibatchScheme,
+    block_rows,
     draw_minibatch,
     full_data_chunks,
     layout_data,
@@ -57,6 +59,7 @@ from pymc_sgmcmc.sharding import (
     resolve_devices,
     shard_data,
     shard_rows,
+    sharded_gradient_noise,
     sharded_loglik,
     sharded_uniform_rows,
 )
@@ -1203,6 +1206,28 @@ class SGMCMCStep(BlockedStep):
                 lambda v: curvature_product(grad_u, position, v), key_probe, dim, fisher_guess
             )
 
+        sharded_noise = None
+        if sharded and hybrid is None:
+            # The estimator's own noise, a stratified sample's (see sharded_gradient_noise):
+            # (N_d²/B_d)·f_d·C_d added over the pieces, each C_d from the piece's own rows.
+            piece_block = (
+                block_rows(int(shard_sizes.min()), b // len(devices)) if scheme == "blocks" else 1
+            )
+
+            @functools.partial(jax.jit, static_argnames="full")
+            def sharded_noise(key, position, fixed, data, full):
+                measure = sharded_gradient_noise(
+                    fns["per_example_grads"],
+                    mesh,
+                    shard_sizes,
+                    b // len(devices),
+                    piece_block,
+                    max(1024, noise_rows // len(devices)),
+                    full,
+                    NOISE_CHUNK_WORK,
+                )
+                return measure(key, position, fixed, data[0], data[1])
+
         def block_potential_grad(key, fixed, data, local_params, rows):
             # The gradient of the potential on the ``rows`` rows that ``key`` draws (and, with
             # local variables, its draws of them), and the key left for the caller.
@@ -1258,6 +1283,7 @@ class SGMCMCStep(BlockedStep):
             "noise": jax.jit(noise, static_argnames=("full", "full_curvature")),
             "spectral_radius": jax.jit(spectral_radius),
             "hessian_product": jax.jit(hessian_product, static_argnames="rows"),
+            "sharded_noise": sharded_noise,
             # The tuning functions' keys, derived on the host at every tuning draw: compiled,
             # since an eager fold_in dispatches its threefry op by op (~130 µs against ~9 µs).
             "fold_in": jax.jit(jax.random.fold_in),
@@ -1842,12 +1868,24 @@ class SGMCMCStep(BlockedStep):
         full = self.problem.dim <= DENSE_MAX_DIM
         c, h = self._estimate_noise(position, fixed, key, full=full, full_curvature=full)
         n, b = self.problem.data_size, self.batch_size
+        sharded_noise = self._compile()["sharded_noise"]
         if self.hybrid is None:
             scale = n**2 / b * noise_factor(n, b, self.minibatch)
             fisher = n * c
         else:
             # The covariance of repeated ELBO gradients, in per-datum units (× B/N²).
             scale, fisher = n**2 / b, None
+        if sharded_noise is not None:
+            # Minibatches drawn piece by piece: their noise, not a uniform minibatch's (which
+            # also holds the spread between the pieces); the Fisher information stays N·C.
+            stratified = sharded_noise(
+                self._compile()["fold_in"](key, 5),
+                position,
+                fixed,
+                self._compile()["data"],
+                full=full,
+            )
+            c, scale = np.asarray(stratified), 1.0
         stability = None
         if not dense:
             diag = np.abs(np.diag(h) if h.ndim == 2 else h)

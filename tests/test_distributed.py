@@ -222,11 +222,10 @@ def test_two_processes_draw_what_one_process_with_their_pieces_draws(draws):
 
 
 def test_sorted_unequal_shards_give_the_exact_posterior(draws):
-    # Conjugate regression: the exact posterior. (Sorted by y the shards still hold most of
-    # the per-row gradient noise; shards split by a binary outcome do not, and IASG then comes
-    # out too narrow — docs/cluster.md, "shuffle the rows before splitting them".) Tolerances from the run's ESS: a mean within
-    # 4 Monte Carlo standard errors (4 sd/sqrt(ESS)), an sd within 1 +- 4/sqrt(2 ESS) plus the
-    # 10% the correctness table allows IASG.
+    # Conjugate regression: the exact posterior (rows split by y: shards that are not
+    # samples of the data; test_sharding has shards split by a binary outcome). Tolerances
+    # from the run's ESS: a mean within 4 Monte Carlo standard errors (4 sd/sqrt(ESS)), an sd
+    # within 1 +- 4/sqrt(2 ESS) plus the 10% the correctness table allows IASG.
     sim, _ = draws
     rng = np.random.default_rng(3)
     n, d = 20_000, 3
