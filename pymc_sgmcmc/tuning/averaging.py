@@ -31,6 +31,11 @@ def chunked_gradient_noise(rows_fn, rows: int, dim: int, full: bool, chunk_work:
     size = min(rows, max(256, chunk_work // max(dim, 1)))
     if size >= rows:
         return gradient_noise(rows_fn(0, rows), full=full)
+    # Chunks of equal length: with ``size`` itself the last chunk is clamped back over rows
+    # already counted (masked out, but computed) — 12 573 rows in chunks of 10 754 computed
+    # 21 508, and the D x D products of a 390-parameter model took 0.1 s instead of 0.055 s.
+    chunks = -(-rows // size)
+    size = -(-rows // chunks)
     starts, masks = full_data_chunks(rows, size)
     shift = jnp.mean(rows_fn(0, size), axis=0)
 
