@@ -15,6 +15,7 @@ import pymc as pm
 
 from pymc_sgmcmc import distributed, schedules
 from pymc_sgmcmc._hooks import install as _install_hooks
+from pymc_sgmcmc._precision import float64_scope
 from pymc_sgmcmc.bridge import MinibatchProblem, build_problem
 from pymc_sgmcmc.compare import compare, plot_compare
 from pymc_sgmcmc.distributed import RowShard
@@ -47,6 +48,7 @@ __all__ = [
     "build_problem",
     "compare",
     "distributed",
+    "float64_scope",
     "log_likelihood",
     "loo_subsample",
     "plot_compare",

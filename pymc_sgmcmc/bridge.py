@@ -40,6 +40,7 @@ from pytensor.tensor.exceptions import NotScalarConstantError
 from pytensor.tensor.random.type import RandomType
 from pytensor.tensor.shape import SpecifyShape
 
+from pymc_sgmcmc._precision import import_pytensor_jax
 from pymc_sgmcmc.errors import DataShapeError, ModelNotSupportedError, non_finite_rows
 
 __all__ = ["ROW_INDEX", "MinibatchProblem", "VarInfo", "build_problem"]
@@ -168,6 +169,7 @@ def _register_jax_passthroughs() -> None:
     ``pymc.sampling.jax`` is not imported on purpose: importing it rewrites ``XLA_FLAGS`` to
     force 100 host devices, which would change the device layout of the user's process.
     """
+    import_pytensor_jax()
     from pymc.distributions.dist_math import CheckParameterValue
     from pymc.logprob.utils import CheckParameterValue as _CPV  # noqa: F401  (same class)
     from pytensor.link.jax.dispatch import jax_funcify
@@ -216,6 +218,7 @@ def _jax_funcify_arange(op: Any, node: Any, **kwargs: Any) -> Callable:
 
 
 def _jaxify(inputs: list[Variable], outputs: list[Variable]) -> Callable:
+    import_pytensor_jax()
     from pytensor.compile.mode import JAX
     from pytensor.graph.fg import FunctionGraph
     from pytensor.link.jax.dispatch import jax_funcify
@@ -229,9 +232,6 @@ def _jaxify(inputs: list[Variable], outputs: list[Variable]) -> Callable:
 def _build_jax_functions(problem: MinibatchProblem) -> dict[str, Callable]:
     import jax
     import jax.numpy as jnp
-
-    if problem.dtype == "float64":
-        jax.config.update("jax_enable_x64", True)
 
     n_sampled = len(problem.var_infos)
     logprior_raw = _jaxify(problem._inputs, [problem._logprior_graph])

@@ -37,6 +37,7 @@ from pytensor.graph.replace import clone_replace
 from pytensor.graph.traversal import graph_inputs
 from scipy.special import logsumexp
 
+from pymc_sgmcmc._precision import in_float64
 from pymc_sgmcmc.bridge import (
     _data_leaf_value,
     _full_data_model,
@@ -193,10 +194,6 @@ def _row_likelihood(model: pm.Model, var_names: Sequence[str] | None) -> _RowLik
         trailing.append(tuple(int(s) for s in shape[1 : term.ndim]))
 
     dtype = str(pytensor.config.floatX)
-    if dtype == "float64":
-        import jax
-
-        jax.config.update("jax_enable_x64", True)
     fn = _jaxify(inputs + placeholders, terms)
     return _RowLikelihood(
         model=model,
@@ -340,6 +337,7 @@ def _draw_chunks(lik, values, n_draws, data, kind, chunk_draws, per_draw_bytes):
 # ---------------------------------------------------------------------------------------
 
 
+@in_float64
 def log_likelihood(
     idata: az.InferenceData,
     model: pm.Model | None = None,
@@ -696,6 +694,7 @@ def _psis_loo(lik, posterior, values, n_draws, rows, reff, chunk_draws):
     return loo, logsumexp(sub, axis=0) - math.log(n_draws)
 
 
+@in_float64
 def loo_subsample(
     idata: az.InferenceData,
     model: pm.Model | None = None,

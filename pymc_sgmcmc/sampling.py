@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pymc as pm
 
+from pymc_sgmcmc._precision import in_float64
 from pymc_sgmcmc.errors import DivergenceError, ModelNotSupportedError
 from pymc_sgmcmc.step_methods import SGMCMCStep, bind_steps
 
@@ -50,6 +51,7 @@ _LOOP_KEY = "pmsg_sample_loop"  # the vmapped loop, cached in the step's compile
 _log = logging.getLogger("pymc")
 
 
+@in_float64
 def sample(
     step: SGMCMCStep,
     draws: int = 1000,
@@ -582,6 +584,7 @@ class _Engine:
         records on the host."""
         jax = self.jax
 
+        @in_float64  # a pool thread: JAX's float64 is thread-local
         def run(item):
             g, carry = item
             carry, record = self._loop(carry, self.data, n, length=self.length)

@@ -26,6 +26,7 @@ from pymc.step_methods.compound import BlockedStep, Competence, StepMethodState
 from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator
 
+from pymc_sgmcmc._precision import Float64Methods
 from pymc_sgmcmc.bridge import MinibatchProblem, build_problem, check_finite_rows
 from pymc_sgmcmc.diagnostics import MAX_CHECKED, check_indices, predicted_sd_ratio
 from pymc_sgmcmc.distributed import (
@@ -204,7 +205,7 @@ class SGMCMCStepState(StepMethodState):
     tune: bool = True
 
 
-class SGMCMCStep(BlockedStep):
+class SGMCMCStep(Float64Methods, BlockedStep):
     """Base class of the stochastic-gradient step methods (not used directly).
 
     Parameters
@@ -300,6 +301,17 @@ class SGMCMCStep(BlockedStep):
         "sgmcmc_check": (object, None),
     }
     _state_class = SGMCMCStepState
+    # Run in JAX's float64 without changing the user's jax_enable_x64 (pymc_sgmcmc._precision).
+    FLOAT64_METHODS = (
+        "__init__",
+        "step",
+        "stop_tuning",
+        "reset_tuning",
+        "set_rng",
+        "variational_parameters",
+        "injected_noise",
+        "_compile",
+    )
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         # PyMC's BlockedStep.__new__ looks the model up first ("No model on context stack.").

@@ -100,6 +100,16 @@ def make_regression(n: int, d: int, seed: int = 0, rho: float = 0.3) -> Conjugat
     return ConjugateRegression(X=X, y=y, noise_sd=1.0, prior_sd=1.0)
 
 
+@pytest.fixture
+def float64():
+    """JAX's float64 for a test that calls the bridge's JAX functions itself (the package's
+    own entry points enter it; see pymc_sgmcmc._precision)."""
+    from pymc_sgmcmc import float64_scope
+
+    with float64_scope():
+        yield
+
+
 @pytest.fixture(scope="session")
 def small_regression() -> ConjugateRegression:
     return make_regression(2_000, 3, seed=1)

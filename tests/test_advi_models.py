@@ -162,7 +162,7 @@ def _mvnormal_models(total_size):
     ],
     ids=["bernoulli-int-data", "mvnormal-int", "mvnormal-ellipsis", "mvnormal-both-axes"],
 )
-def test_minibatch_density_equals_the_full_data_models(models, total_size):
+def test_minibatch_density_equals_the_full_data_models(models, total_size, float64):
     """The minibatch estimate of the log-density and its gradient on the same rows, and the
     per-row log-likelihoods, equal those of the full-data model."""
     advi, full = models(total_size)

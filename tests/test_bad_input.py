@@ -400,7 +400,7 @@ def test_compound_step_with_a_pymc_sampler():
     np.testing.assert_allclose(float(idata.posterior["s"].mean()), 0.5, atol=0.1)
 
 
-def test_partial_step_uses_the_conditional_gradient():
+def test_partial_step_uses_the_conditional_gradient(float64):
     model = _regression()
     b = model["b"]
     problem = pmsg.build_problem(model, vars=[b])

@@ -10,6 +10,9 @@ import pytest
 
 import pymc_sgmcmc as pmsg
 
+# The tests call the bridge's JAX functions themselves: in float64 (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("float64")
+
 
 def _multi_output_model(seed: int = 0) -> pm.Model:
     """Two observed variables sharing X, a transformed scale, and a full-batch observation."""

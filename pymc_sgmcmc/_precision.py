@@ -1,0 +1,90 @@
+"""Float64 for this package's JAX computations, without touching the user's global setting.
+
+PyMC's default ``floatX`` is float64, and the samplers need it (natural-units posteriors
+reach condition numbers of 10¹²; see :mod:`pymc_sgmcmc.tuning.whitening`). JAX computes in
+float32 unless ``jax_enable_x64`` is on. Setting it globally (``jax.config.update``) — as this
+package did until now — changes every other JAX computation in the user's process. Instead
+every entry point that runs JAX enters :func:`float64_scope`, JAX's thread-local
+``jax.enable_x64`` context, for as long as it runs: the steps' methods (through
+:class:`Float64Methods`), :func:`pymc_sgmcmc.sample` and its threads, and the model-checking
+functions. Arrays made inside keep their float64 dtype outside.
+
+PyTensor's JAX backend sets ``jax_enable_x64`` globally when it is imported; this package
+imports it through :func:`import_pytensor_jax`, which puts the user's value back.
+
+The one place a user meets it: the callables of ``MinibatchProblem.jax_functions()`` compute
+in float32 when called outside a scope; call them inside ``with jax.enable_x64(True):`` (or
+``pymc_sgmcmc.float64_scope()``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
+
+__all__ = ["Float64Methods", "float64_scope", "import_pytensor_jax", "in_float64"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def float64_scope(dtype: str | None = None) -> contextlib.AbstractContextManager:
+    """JAX's float64 for the ``with`` block (thread-local), when ``dtype`` — PyTensor's
+    ``floatX`` if None — is float64; else nothing changes."""
+    if dtype is None:
+        import pytensor
+
+        dtype = str(pytensor.config.floatX)
+    if dtype != "float64":
+        return contextlib.nullcontext()
+    import jax
+
+    return jax.enable_x64(True)
+
+
+def in_float64(function: F) -> F:
+    """``function`` run inside :func:`float64_scope`."""
+
+    @functools.wraps(function)
+    def scoped(*args: Any, **kwargs: Any) -> Any:
+        with float64_scope():
+            return function(*args, **kwargs)
+
+    return scoped  # type: ignore[return-value]
+
+
+class Float64Methods:
+    """Mixin: the methods named in ``FLOAT64_METHODS`` run inside :func:`float64_scope`, in
+    this class and in every subclass that defines its own."""
+
+    FLOAT64_METHODS: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in cls.FLOAT64_METHODS:
+            method = cls.__dict__.get(name)
+            if callable(method) and not getattr(method, "_in_float64", False):
+                scoped = in_float64(method)
+                scoped._in_float64 = True  # type: ignore[attr-defined]
+                setattr(cls, name, scoped)
+
+
+def import_pytensor_jax() -> None:
+    """Import PyTensor's JAX backend, keeping the user's ``jax_enable_x64``.
+
+    ``pytensor.link.jax.dispatch`` sets ``jax_enable_x64`` globally on import (to whether
+    ``floatX`` is float64). Imported first by this package, it would change the setting of
+    the user's process; the value from before the import is put back. (Imported earlier by
+    the user or by PyMC's JAX samplers, it has already done so and nothing changes here.)"""
+    import sys
+
+    if "pytensor.link.jax.dispatch" in sys.modules:
+        return
+    import jax
+
+    # The global value (inside a float64_scope, jax.config reads the thread-local one).
+    before = bool(jax.enable_x64.get_global())
+    import pytensor.link.jax.dispatch  # noqa: F401
+
+    jax.config.update("jax_enable_x64", before)

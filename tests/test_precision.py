@@ -1,0 +1,73 @@
+"""The package computes in float64 without changing the user's ``jax_enable_x64``.
+
+Run in a fresh interpreter: this pytest process has float64 switched on globally by other
+test modules (the kernels' own tests), which would hide a computation that escaped the
+package's scope.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+_SCRIPT = textwrap.dedent(
+    """
+    import json
+    import jax, numpy as np, pymc as pm
+    out = {"before_import": bool(jax.config.jax_enable_x64)}
+    import pymc_sgmcmc as pmsg
+    out["after_import"] = bool(jax.config.jax_enable_x64)
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(2000, 3))
+    y = X @ np.array([1.0, -2.0, 0.5]) + rng.normal(size=2000)
+
+    def fits():
+        with pm.Model():
+            b = pm.Normal("b", 0, 1, shape=3)
+            pm.Normal("y", pm.Data("X", X) @ b, 1.0, observed=y)
+            a = pm.sample(step=pmsg.IASG(batch_size=256), draws=60, tune=40, chains=2,
+                          random_seed=1, progressbar=False, compute_convergence_checks=False)
+            v = pmsg.sample(step=pmsg.SGLD(batch_size=256), draws=30, tune=30, chains=2,
+                            random_seed=1, progressbar=False)
+            ll = pmsg.log_likelihood(a, rows=50)
+        return a, v, ll
+
+    a, v, ll = fits()
+    out["after_fits"] = bool(jax.config.jax_enable_x64)
+    out["dtypes"] = [str(a.posterior["b"].dtype), str(v.posterior["b"].dtype),
+                     str(ll.log_likelihood["y"].dtype)]
+    out["user_default"] = str(jax.numpy.ones(2).dtype)  # the user's own JAX code
+    # The same fits with the user's float64 switched on: the same draws, bit for bit.
+    jax.config.update("jax_enable_x64", True)
+    a2, v2, ll2 = fits()
+    out["user_on_after"] = bool(jax.config.jax_enable_x64)
+    out["same_draws"] = [
+        bool(np.array_equal(a.posterior["b"].values, a2.posterior["b"].values)),
+        bool(np.array_equal(v.posterior["b"].values, v2.posterior["b"].values)),
+        bool(np.array_equal(ll.log_likelihood["y"].values, ll2.log_likelihood["y"].values)),
+    ]
+    print("RESULT" + json.dumps(out))
+    """
+)
+
+
+def test_the_users_x64_setting_is_left_as_it_was(tmp_path):
+    script = tmp_path / "run.py"
+    script.write_text(_SCRIPT)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    line = next(ln for ln in run.stdout.splitlines() if ln.startswith("RESULT"))
+    out = json.loads(line[len("RESULT") :])
+    # Off before, after importing, and after pm.sample, pmsg.sample and log_likelihood ...
+    assert out["before_import"] is False
+    assert out["after_import"] is False
+    assert out["after_fits"] is False
+    assert out["user_default"] == "float32"
+    # ... while the package itself computed in float64,
+    assert out["dtypes"] == ["float64", "float64", "float64"]
+    # the same draws as with the user's float64 on, which stays on.
+    assert out["same_draws"] == [True, True, True]
+    assert out["user_on_after"] is True
