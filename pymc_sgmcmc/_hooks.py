@@ -43,14 +43,26 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import importlib
+import inspect
 import json
+import logging
 from typing import Any
 
 import numpy as np
+import pymc
+import pymc.sampling.mcmc as mcmc
+import pymc.sampling.parallel as parallel
+import xarray as xr
+from pymc.step_methods.compound import CompoundStep
 
+from pymc_sgmcmc._multiprocessing import sample_in_this_process
+from pymc_sgmcmc._runtime import host_blas_threads, set_current_chain
+from pymc_sgmcmc.bridge import _minibatch_slices
 from pymc_sgmcmc.diagnostics import run_checks
 from pymc_sgmcmc.distributed import is_collective_failure, lost_process_error
 from pymc_sgmcmc.errors import DivergenceError, ModelNotSupportedError
+from pymc_sgmcmc.step_methods import SGMCMCStep, _jsonable, bind_steps
 
 __all__ = ["install", "sgmcmc_attrs", "step_entries", "variational_group"]
 
@@ -65,35 +77,20 @@ _INSTALLED = False
 _INTERRUPTED: contextvars.ContextVar[tuple | None] = contextvars.ContextVar(
     "pmsg_interrupted", default=None
 )
-_CHAIN: int | None = None  # the chain this process is sampling (see current_chain)
 _PROCESS_CHAIN_INDEX = 9  # PyMC's _Process arguments after self: name, ..., blas_cores, chain
-
-
-def current_chain() -> int | None:
-    """The index of the chain ``pm.sample`` is sampling in this process, when known: set for
-    sequential chains by the ``_sample`` wrapper and in worker processes by
-    :func:`_run_process_with_chain` (steps with ``devices="chains"`` place chain ``c`` on
-    device ``c mod k``)."""
-    return _CHAIN
 
 
 def _run_process_with_chain(*args: Any) -> None:
     """PyMC's worker entry point (``pymc.sampling.parallel._run_process``), recording the
     chain (its 10th argument) first. A module-level function, so that ``spawn`` and
     ``forkserver`` workers find it by reference."""
-    global _CHAIN
-    from pymc.sampling.parallel import _Process
-
     i = _PROCESS_CHAIN_INDEX
-    _CHAIN = int(args[i]) if len(args) > i and isinstance(args[i], int | np.integer) else None
-    _Process(*args).run()
+    chain = int(args[i]) if len(args) > i and isinstance(args[i], int | np.integer) else None
+    set_current_chain(chain)
+    parallel._Process(*args).run()
 
 
 def _ours(steps: Any) -> list:
-    from pymc.step_methods.compound import CompoundStep
-
-    from pymc_sgmcmc.step_methods import SGMCMCStep
-
     out: list = []
     for s in steps if isinstance(steps, list | tuple) else [steps]:
         if isinstance(s, CompoundStep):
@@ -103,34 +100,11 @@ def _ours(steps: Any) -> list:
     return out
 
 
-@contextlib.contextmanager
-def host_blas_threads() -> Any:
-    """One BLAS thread while our chains run (restored after).
-
-    The tuning does its linear algebra on the host between compiled draws: eigendecompositions
-    and Cholesky factors of the D × D curvature, several per tuning draw. A multithreaded
-    OpenBLAS spins its threads against XLA's and against any other process for the same
-    cores: measured on radon (D = 390) on 2 loaded cores, one ``eigh`` took 0.62 s in the
-    sampling process, 0.13 s alone and 0.013 s with one thread, and a 200-draw ConstantSGD
-    run took 94 s instead of 24 s. The matrices are small enough that one thread is the
-    fast choice."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # a dependency of PyMC's; without it, leave BLAS as it is
-        yield
-        return
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
-
-
 def _refuse_pymc_steps_on_minibatches(model: Any, provided: list, result: Any) -> None:
     """A model written for minibatch ADVI (``pm.Minibatch``) is read by our steps as its
     full-data model; PyMC's own steps in the same call (a compound step, or variables our
     steps leave to PyMC) would evaluate the user's model, i.e. a random minibatch rescaled by
     ``total_size``, and accept or reject on that noise."""
-    from pymc_sgmcmc.bridge import _minibatch_slices
-    from pymc_sgmcmc.step_methods import SGMCMCStep
-
     others = [type(s).__name__ for s in provided if not isinstance(s, SGMCMCStep)]
     selected = result[1] if isinstance(result, tuple) and len(result) > 1 else {}
     others += [getattr(cls, "__name__", str(cls)) for cls, v in dict(selected).items() if v]
@@ -191,8 +165,6 @@ def sgmcmc_attrs(steps: list, entries: list[dict] | None = None) -> dict[str, st
     """The attrs entries for the SG ``steps`` of one ``pm.sample`` call (JSON-encoded);
     ``entries`` from :func:`step_entries` (computed here when not given). q's parameters
     (``"variational"``) are left out: they go to the ``variational`` group."""
-    from pymc_sgmcmc.step_methods import _jsonable
-
     if entries is None:
         entries = step_entries(steps)
     slim = [
@@ -217,8 +189,6 @@ def variational_group(entries: list[dict], model: Any) -> Any:
     """The ``variational`` group: q's frozen parameters of every chain, as variables
     ``<local>_<parameter>`` with dims ``("chain", *the local's dims)``; None without locals
     (or when a chain's parameters were not recorded)."""
-    import xarray as xr
-
     for entry in entries:
         chains = entry.get("chains", [])
         if not chains or not all("variational" in c for c in chains):
@@ -264,11 +234,6 @@ def check_pymc_internals(modules: dict[str, Any] | None = None) -> None:
     """Refuse a PyMC whose wrapped internals (:data:`PATCHED_INTERNALS`) changed: each must
     exist and take the parameters the wrappers rely on. ``modules``: for tests, module
     objects by dotted name instead of the imported ones."""
-    import importlib
-    import inspect
-
-    import pymc
-
     problems = []
     for path, needed in PATCHED_INTERNALS.items():
         module_name, name = path.rsplit(".", 1)
@@ -307,8 +272,6 @@ def install() -> None:
     if _INSTALLED:
         return
     check_pymc_internals()
-    import pymc.sampling.mcmc as mcmc
-
     assign_original = mcmc.assign_step_methods
     return_original = mcmc._sample_return
     sample_original = mcmc._sample
@@ -329,8 +292,7 @@ def install() -> None:
 
     @functools.wraps(sample_original)
     def _sample(*args: Any, **kwargs: Any) -> Any:
-        global _CHAIN
-        _CHAIN = kwargs.get("chain")
+        set_current_chain(kwargs.get("chain"))
         ours = bool(_STEPS.get())
         if ours and _INTERRUPTED.get() is not None:
             return None  # Ctrl-C stopped an earlier chain: return what was drawn so far
@@ -359,8 +321,6 @@ def install() -> None:
         if _STEPS.get():
             # One of our steps: the chains run in this process (pymc_sgmcmc._multiprocessing);
             # _sample (wrapped above) stops a diverging chain as in a sequential run.
-            from pymc_sgmcmc._multiprocessing import sample_in_this_process
-
             return sample_in_this_process(kwargs)
         try:
             return mp_sample_original(*args, **kwargs)
@@ -377,8 +337,6 @@ def install() -> None:
     def assign_step_methods(*args: Any, **kwargs: Any) -> Any:
         # pm.sample(step=pmsg.IASG(), model=m) with the step built outside `with m:`: bind
         # it to the model being sampled (pymc_sgmcmc.step_methods.UnboundStep).
-        from pymc_sgmcmc.step_methods import bind_steps
-
         args = list(args)
         model = args[0] if args else kwargs.get("model")
         if len(args) > 1:
@@ -402,8 +360,6 @@ def install() -> None:
         interrupted = _INTERRUPTED.get()
         _INTERRUPTED.set(None)
         if interrupted is not None:
-            import logging
-
             chain, done = interrupted
             logging.getLogger("pymc").warning(
                 f"pymc_sgmcmc: interrupted in chain {chain} after {done} draws (tuning "
@@ -462,7 +418,5 @@ def install() -> None:
     mcmc._sample_return = _sample_return
     mcmc._sample = _sample
     mcmc._mp_sample = _mp_sample
-    import pymc.sampling.parallel as parallel
-
     parallel._run_process = _run_process_with_chain
     _INSTALLED = True

@@ -25,6 +25,9 @@ run the same way: its chains in this process, one after another.
 from __future__ import annotations
 
 import logging
+import sys
+
+import pymc.sampling.mcmc as mcmc
 
 __all__ = ["jax_backend_started", "sample_in_this_process"]
 
@@ -33,8 +36,6 @@ _log = logging.getLogger("pymc.sampling.mcmc")
 
 def jax_backend_started() -> bool:
     """True when a JAX backend (and its thread pools) exists in this process."""
-    import sys
-
     if "jax" not in sys.modules:
         return False
     try:
@@ -47,8 +48,6 @@ def jax_backend_started() -> bool:
 
 def sample_in_this_process(kwargs: dict) -> None:
     """Run what PyMC passed to ``_mp_sample`` through its sequential ``_sample_many``."""
-    import pymc.sampling.mcmc as mcmc
-
     args = {k: v for k, v in kwargs.items() if k not in ("mp_ctx", "blas_cores")}
     _log.info(
         "pymc_sgmcmc: the %d chains of a stochastic-gradient step run one after another "

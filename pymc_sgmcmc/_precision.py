@@ -21,8 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
+import sys
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
+
+import jax
+import pytensor
 
 __all__ = ["Float64Methods", "float64_scope", "import_pytensor_jax", "in_float64"]
 
@@ -33,13 +38,9 @@ def float64_scope(dtype: str | None = None) -> contextlib.AbstractContextManager
     """JAX's float64 for the ``with`` block (thread-local), when ``dtype`` — PyTensor's
     ``floatX`` if None — is float64; else nothing changes."""
     if dtype is None:
-        import pytensor
-
         dtype = str(pytensor.config.floatX)
     if dtype != "float64":
         return contextlib.nullcontext()
-    import jax
-
     return jax.enable_x64(True)
 
 
@@ -70,21 +71,19 @@ class Float64Methods:
                 setattr(cls, name, scoped)
 
 
-def import_pytensor_jax() -> None:
-    """Import PyTensor's JAX backend, keeping the user's ``jax_enable_x64``.
+def import_pytensor_jax() -> Any:
+    """Import PyTensor's JAX backend (returns ``pytensor.link.jax.dispatch``), keeping the
+    user's ``jax_enable_x64``.
 
     ``pytensor.link.jax.dispatch`` sets ``jax_enable_x64`` globally on import (to whether
     ``floatX`` is float64). Imported first by this package, it would change the setting of
     the user's process; the value from before the import is put back. (Imported earlier by
     the user or by PyMC's JAX samplers, it has already done so and nothing changes here.)"""
-    import sys
-
     if "pytensor.link.jax.dispatch" in sys.modules:
-        return
-    import jax
+        return sys.modules["pytensor.link.jax.dispatch"]
 
     # The global value (inside a float64_scope, jax.config reads the thread-local one).
     before = bool(jax.enable_x64.get_global())
-    import pytensor.link.jax.dispatch  # noqa: F401
-
+    dispatch = importlib.import_module("pytensor.link.jax.dispatch")
     jax.config.update("jax_enable_x64", before)
+    return dispatch

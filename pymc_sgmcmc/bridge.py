@@ -20,25 +20,37 @@ first read as its full-data equivalent (:func:`_full_data_model`).
 from __future__ import annotations
 
 import difflib
+import importlib
+import os
+import sys
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pymc as pm
 import pytensor
 import pytensor.tensor as pt
+from pymc.distributions.dist_math import CheckParameterValue
+from pytensor.compile.mode import JAX
+from pytensor.compile.ops import ViewOp
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Constant, Variable
+from pytensor.graph.fg import FunctionGraph
 from pytensor.graph.replace import clone_replace
 from pytensor.graph.traversal import ancestors, graph_inputs, toposort
+from pytensor.raise_op import Assert
 from pytensor.scalar.basic import Cast as ScalarCast
-from pytensor.tensor.basic import Alloc, get_underlying_scalar_constant_value
+from pytensor.tensor.basic import Alloc, ARange, get_underlying_scalar_constant_value
 from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.exceptions import NotScalarConstantError
 from pytensor.tensor.random.type import RandomType
-from pytensor.tensor.shape import SpecifyShape
+from pytensor.tensor.shape import Shape_i, SpecifyShape
+from pytensor.tensor.type_other import NoneTypeT
 
 from pymc_sgmcmc._precision import import_pytensor_jax
 from pymc_sgmcmc.errors import DataShapeError, ModelNotSupportedError, non_finite_rows
@@ -169,12 +181,7 @@ def _register_jax_passthroughs() -> None:
     ``pymc.sampling.jax`` is not imported on purpose: importing it rewrites ``XLA_FLAGS`` to
     force 100 host devices, which would change the device layout of the user's process.
     """
-    import_pytensor_jax()
-    from pymc.distributions.dist_math import CheckParameterValue
-    from pymc.logprob.utils import CheckParameterValue as _CPV  # noqa: F401  (same class)
-    from pytensor.link.jax.dispatch import jax_funcify
-    from pytensor.raise_op import Assert
-    from pytensor.tensor.basic import ARange
+    jax_funcify = import_pytensor_jax().jax_funcify
 
     def passthrough(op: Any, **kwargs: Any) -> Callable:
         def assert_fn(value: Any, *inps: Any) -> Any:
@@ -194,15 +201,11 @@ def _jax_funcify_arange(op: Any, node: Any, **kwargs: Any) -> Callable:
     int8; under NumPy 2's promotion rules PyTensor's dispatch computes ``n_rows - int8(0)`` in
     int8 and overflows once a minibatch has 128 rows or more.
     """
-    import jax.numpy as jnp
-    from pytensor.graph.basic import Constant as _Constant
-    from pytensor.tensor.shape import Shape_i
-
     constant_args = []
     for arg in node.inputs:
         if arg.owner and isinstance(arg.owner.op, Shape_i):
             constant_args.append(None)
-        elif isinstance(arg, _Constant):
+        elif isinstance(arg, Constant):
             constant_args.append(int(arg.value))
         else:
             raise NotImplementedError("arange bounds must be constants or shapes under JAX")
@@ -218,11 +221,7 @@ def _jax_funcify_arange(op: Any, node: Any, **kwargs: Any) -> Callable:
 
 
 def _jaxify(inputs: list[Variable], outputs: list[Variable]) -> Callable:
-    import_pytensor_jax()
-    from pytensor.compile.mode import JAX
-    from pytensor.graph.fg import FunctionGraph
-    from pytensor.link.jax.dispatch import jax_funcify
-
+    jax_funcify = import_pytensor_jax().jax_funcify
     _register_jax_passthroughs()
     fgraph = FunctionGraph(inputs=inputs, outputs=outputs, clone=True)
     JAX.optimizer.rewrite(fgraph)
@@ -230,9 +229,6 @@ def _jaxify(inputs: list[Variable], outputs: list[Variable]) -> Callable:
 
 
 def _build_jax_functions(problem: MinibatchProblem) -> dict[str, Callable]:
-    import jax
-    import jax.numpy as jnp
-
     n_sampled = len(problem.var_infos)
     logprior_raw = _jaxify(problem._inputs, [problem._logprior_graph])
     jacobian_raw = (
@@ -433,8 +429,6 @@ def _not_a_free_variable(model: pm.Model, item: Any, named: Variable | None, arg
 
 def _optional_op_types(*paths: str) -> tuple[type, ...]:
     """The PyMC classes at ``module:name`` paths that this PyMC version has."""
-    import importlib
-
     found = []
     for path in paths:
         module, name = path.split(":")
@@ -465,8 +459,6 @@ def _minibatch_slices(graphs: list[Variable]) -> list[Any]:
 
 def _total_size(rv: Variable, rescaled_ops: tuple[type, ...]) -> list[int | None] | None:
     """The ``total_size`` of an observed variable, one entry (or None) per axis; None without."""
-    from pytensor.tensor.type_other import NoneTypeT
-
     if not rescaled_ops or rv.owner is None or not isinstance(rv.owner.op, rescaled_ops):
         return None
     sizes: list[int | None] = []
@@ -510,9 +502,6 @@ def _numeric_shape(var: Variable) -> tuple[int, ...]:
 def _user_stacklevel() -> int:
     """The ``stacklevel`` of a warning issued by the caller that points at the user's code (the
     first frame outside this package), however many of its functions lie in between."""
-    import os
-    import sys
-
     package = os.path.dirname(os.path.abspath(__file__))
     frame, level = sys._getframe(1), 1  # the function that warns
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
@@ -545,8 +534,6 @@ def _full_data_model(model: pm.Model) -> pm.Model:
     variables whose covariates but not their data read minibatch rows are refused, as is a
     bare ``minibatch_index`` draw.
     """
-    import warnings
-
     minibatch_ops, index_ops, rescaled_ops = _minibatch_op_types()
     watched = minibatch_ops + index_ops + rescaled_ops
     if not watched:
@@ -746,8 +733,6 @@ def _imputations(model: pm.Model) -> list[tuple[str, Variable, Variable]]:
     each). That Deterministic is what is detected, not the names; the general case (a
     ``PartialObservedRV`` node, which makes both parts) is detected from the op as well.
     """
-    from pytensor.compile.ops import ViewOp
-
     observed, free = set(model.observed_RVs), set(model.free_RVs)
     found: list[tuple[str, Variable, Variable]] = []
     for det in model.deterministics:

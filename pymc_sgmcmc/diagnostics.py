@@ -55,7 +55,10 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import arviz as az
 import numpy as np
+from scipy.linalg import solve_discrete_lyapunov
+from scipy.stats import norm
 
 __all__ = [
     "MAX_CHECKED",
@@ -115,8 +118,6 @@ def predicted_sd_ratio(
     Gaussian with curvature ``curvature`` and gradient-noise covariance ``noise`` (θ units),
     for the frozen whitened preconditioner ``P_z`` and injected noise ``Q``, over the sd of
     ``curvature⁻¹``. Dense whitening only (else None)."""
-    from scipy.linalg import solve_discrete_lyapunov
-
     if not whitening.dense:
         return None
     a_z = whitening.to_whitened(curvature)
@@ -145,8 +146,6 @@ def predicted_sd_ratio(
 
 def _ess(x: np.ndarray) -> float:
     """Bulk ESS of a (chains, draws) array (ArviZ), at least 1."""
-    import arviz as az
-
     if x.shape[1] < 4:
         return float(x.size)
     value = float(az.ess(np.asarray(x, dtype=np.float64), method="mean"))
@@ -166,8 +165,6 @@ def check_draws(
     ``A⁻¹∇log p`` terms (``cov_diag`` the ``(k,)`` diagonal of ``A⁻¹``). ``diagonal``: the
     metric ``A⁻¹`` is that diagonal (a diagonal whitening), so the identity can also be
     checked along combinations of the coordinates (:func:`_directional_stein`)."""
-    from scipy.stats import norm
-
     positions = np.asarray(positions, dtype=np.float64)
     gradients = np.asarray(gradients, dtype=np.float64)
     chains, draws, k = positions.shape
@@ -271,8 +268,6 @@ def _directional_stein(
     without the correlations, ``M`` the curvature in ``y`` units, ``= M`` for correct draws).
     They are found on the first half of every chain and tested on the second, so the choice
     does not bias the test; tolerance as per coordinate, Bonferroni over the directions."""
-    from scipy.stats import norm
-
     keep = np.nonzero(~unit)[0]
     chains, draws, _ = positions.shape
     if keep.size < 2 or draws < 40:

@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import arviz as az
 import numpy as np
 import pymc as pm
 
@@ -157,8 +158,6 @@ def read_draws(path: str | os.PathLike, *, include_tune: bool = False) -> Any:
     the model's free variables (constrained) and deterministics, ``sample_stats`` the kept
     stats (``diverging`` as bool), and both record the draw indices as ``draw`` coordinates.
     """
-    import arviz as az
-
     path = Path(path)
     meta = json.loads((path / "meta.json").read_text())
     variables = meta["variables"]

@@ -39,8 +39,17 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import pymc as pm
+import pymc.sampling.mcmc as mcmc
+from pymc.backends import init_traces
+from pymc.initial_point import make_initial_point_fns_per_chain
+from pymc.progress_bar import MCMCProgressBarManager
+from pymc.sampling.parallel import Draw
+from pymc.step_methods.compound import CompoundStep
+from pymc.util import get_random_generator
 
+from pymc_sgmcmc._hooks import _DIVERGED, _STEPS
 from pymc_sgmcmc._precision import in_float64
+from pymc_sgmcmc._runtime import host_blas_threads
 from pymc_sgmcmc.errors import DivergenceError, ModelNotSupportedError
 from pymc_sgmcmc.step_methods import SGMCMCStep, bind_steps
 
@@ -170,9 +179,6 @@ def sample(
     >>> with model:  # doctest: +SKIP
     ...     idata = pmsg.sample(step=pmsg.IASG(batch_size=500), chains=4, random_seed=1)
     """
-    from pymc.backends import init_traces
-    from pymc.initial_point import make_initial_point_fns_per_chain
-    from pymc.util import get_random_generator
 
     model = pm.modelcontext(model)
     step = bind_steps(step, model)  # a step built outside `with model:` (UnboundStep)
@@ -204,7 +210,6 @@ def sample(
     # In a function of its own: the chains' copies and device state are gone when the result
     # is built (a traceback kept until exit would otherwise hold JAX arrays past JAX's own
     # teardown: seen as a segfault at exit after Ctrl-C during tuning).
-    from pymc_sgmcmc._hooks import host_blas_threads
 
     with host_blas_threads():  # the tuning's host linear algebra (see host_blas_threads)
         stopped, t_sampling = _run_chains(
@@ -237,8 +242,6 @@ def _run_chains(
 ) -> tuple[dict[int, DivergenceError], float]:
     """Tune and sample every chain into ``traces``; the chains stopped by a divergence and
     the sampling time. ``step`` is left as after ``pm.sample(cores=1)``."""
-    from pymc.progress_bar import MCMCProgressBarManager
-    from pymc.sampling.parallel import Draw
 
     chains = len(traces)
     compiled = step._compile()
@@ -843,7 +846,6 @@ def _adopt_last_chain(step: SGMCMCStep, runners: list[SGMCMCStep]) -> None:
 def _check_arguments(
     step: Any, model: pm.Model, draws: Any, tune: Any, chains: Any, chunks: Any, random_seed: Any
 ) -> None:
-    from pymc.step_methods.compound import CompoundStep
 
     if isinstance(step, list | tuple | CompoundStep) or not isinstance(step, SGMCMCStep):
         raise TypeError(
@@ -897,17 +899,13 @@ def _sample_return(step: SGMCMCStep, stopped: dict[int, DivergenceError], **kwar
     """PyMC's own ``_sample_return`` (as wrapped by :mod:`pymc_sgmcmc._hooks`): the same
     chain selection, InferenceData, convergence checks, attrs and DivergenceError as
     ``pm.sample``."""
-    import pymc.sampling.mcmc as mcmc
-
-    from pymc_sgmcmc import _hooks
-
-    _hooks._STEPS.set([step])
-    _hooks._DIVERGED.set(sorted(stopped.items()) or None)
+    _STEPS.set([step])
+    _DIVERGED.set(sorted(stopped.items()) or None)
     accepted = inspect.signature(mcmc._sample_return).parameters
     defaults = {"run": None, "return_inferencedata": True, "keep_warning_stat": False}
     kwargs = {k: v for k, v in {**defaults, **kwargs}.items() if k in accepted}
     try:
         return mcmc._sample_return(**kwargs)
     finally:
-        _hooks._STEPS.set(None)
-        _hooks._DIVERGED.set(None)
+        _STEPS.set(None)
+        _DIVERGED.set(None)

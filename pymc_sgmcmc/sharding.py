@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from pymc_sgmcmc.distributed import process_count, process_index
 from pymc_sgmcmc.minibatch import (
     SHUFFLE_SEED,
     MinibatchScheme,
@@ -43,6 +44,7 @@ from pymc_sgmcmc.minibatch import (
     stack_pieces,
     take_minibatch,
 )
+from pymc_sgmcmc.tuning.averaging import chunked_gradient_noise
 
 __all__ = [
     "resolve_devices",
@@ -109,8 +111,6 @@ def shard_rows(
     however the pieces are spread over processes."""
     import jax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-    from pymc_sgmcmc.distributed import process_count, process_index
 
     multi = process_count() > 1
     if multi:
@@ -230,8 +230,6 @@ def sharded_gradient_noise(
     import jax
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
-
-    from pymc_sgmcmc.tuning.averaging import chunked_gradient_noise
 
     sizes = np.asarray(sizes, dtype=np.float64)
     factors = np.where(sizes > 1, (sizes - block) / np.maximum(sizes - 1, 1), 1.0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import json
 import math
 import warnings
@@ -27,6 +28,7 @@ from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator
 
 from pymc_sgmcmc._precision import Float64Methods
+from pymc_sgmcmc._runtime import current_chain
 from pymc_sgmcmc.bridge import MinibatchProblem, build_problem, check_finite_rows
 from pymc_sgmcmc.diagnostics import MAX_CHECKED, check_indices, predicted_sd_ratio
 from pymc_sgmcmc.distributed import (
@@ -42,6 +44,7 @@ from pymc_sgmcmc.errors import (
     ModelNotSupportedError,
     non_finite_rows,
 )
+from pymc_sgmcmc.kernels import mala, sgd, sgld
 from pymc_sgmcmc.kernels.preconditioning import apply_preconditioner
 from pymc_sgmcmc.minibatch import (
     MinibatchScheme,
@@ -54,7 +57,7 @@ from pymc_sgmcmc.minibatch import (
     noise_factor,
     take_minibatch,
 )
-from pymc_sgmcmc.out_of_core import is_in_memory, with_data
+from pymc_sgmcmc.out_of_core import CHUNK_ROWS, as_row_source, is_in_memory, with_data
 from pymc_sgmcmc.schedules import Schedule, as_schedule, polynomial_decay
 from pymc_sgmcmc.sharding import (
     resolve_devices,
@@ -74,7 +77,7 @@ from pymc_sgmcmc.tuning.adaptation import StepSizeAdaptation, initial_mala_step
 from pymc_sgmcmc.tuning.averaging import chunked_gradient_noise
 from pymc_sgmcmc.tuning.rates import Rates, iasg_rule, iasg_window, langevin_rule
 from pymc_sgmcmc.tuning.tuner import Measurement, Tuned, Tuner
-from pymc_sgmcmc.tuning.whitening import DENSE_MAX_DIM, psd_sqrt
+from pymc_sgmcmc.tuning.whitening import DENSE_MAX_DIM, Whitening, psd_sqrt
 from pymc_sgmcmc.variational import LOCAL_FAMILIES, Hybrid, HybridState, LocalLayout
 
 __all__ = ["IASG", "SGLD", "ConstantSGD", "SGMCMCStep"]
@@ -507,8 +510,6 @@ class SGMCMCStep(Float64Methods, BlockedStep):
 
     @classmethod
     def _valid_kwargs(cls) -> set[str]:
-        import inspect
-
         names: set[str] = set()
         for klass in cls.__mro__:
             if "__init__" in klass.__dict__:
@@ -1303,8 +1304,6 @@ class SGMCMCStep(Float64Methods, BlockedStep):
             "jax": jax,
         }
         if streaming:
-            from pymc_sgmcmc.out_of_core import as_row_source
-
             self._compiled["sources"] = [as_row_source(a) for a in problem.data]
             self._compiled["batch_dtypes"] = [v.dtype for v in problem._batch_inputs]
         return self._compiled
@@ -1312,8 +1311,6 @@ class SGMCMCStep(Float64Methods, BlockedStep):
     def _place_chain(self, compiled: dict[str, Any]) -> None:
         """``devices="chains"``: move the data to device ``c mod k`` for chain ``c``; the
         compiled functions then run there (they follow their committed inputs)."""
-        from pymc_sgmcmc._hooks import current_chain
-
         jax = compiled["jax"]
         available = jax.devices()
         chain = current_chain()
@@ -1378,9 +1375,6 @@ class SGMCMCStep(Float64Methods, BlockedStep):
         compiled = self._compile()
         if not self.streaming:
             return compiled["draw"](key, state, compiled["data"], fixed, params)
-        from pymc_sgmcmc.minibatch import block_rows
-        from pymc_sgmcmc.out_of_core import CHUNK_ROWS
-
         jax = compiled["jax"]
         n, b, thin = self.problem.data_size, self.batch_size, self.thin
         s = block_rows(n, b) if self.minibatch == "blocks" else 1
@@ -1785,8 +1779,6 @@ class SGMCMCStep(Float64Methods, BlockedStep):
         posterior sds) falls below 1e-8. On a block of ``R < N`` rows the block's mode is
         about ``√(N/R)`` posterior sds from the posterior's; the sampler's own tuning draws
         close the rest."""
-        from pymc_sgmcmc.tuning.whitening import Whitening
-
         compiled = self._compile()
         jax = compiled["jax"]
         key = compiled["fold_in"](key, 6)
@@ -1946,8 +1938,6 @@ class SGMCMCStep(Float64Methods, BlockedStep):
         SGD's rarest counties had sds 0.68x (0.91x with the cap, 2 x 1000 draws)."""
         import jax
         import jax.numpy as jnp
-
-        from pymc_sgmcmc.tuning.whitening import Whitening
 
         compiled = self._compile()
         fn = compiled.get("row_stiffness")
@@ -2137,8 +2127,6 @@ class SGMCMCStep(Float64Methods, BlockedStep):
             _, h = self._estimate_noise(
                 state.position, fixed, key, full=dense, full_curvature=dense
             )
-            from pymc_sgmcmc.tuning.whitening import Whitening
-
             cov = Whitening.from_curvature(h).covariance()
         sharded = self.devices not in (None, 1, "chains")
         if self._sampled_idx is not None or self.streaming or sharded:
@@ -2201,8 +2189,6 @@ class SGMCMCStep(Float64Methods, BlockedStep):
     def _mala_parts(self, fns: dict[str, Callable]) -> tuple[Callable, Callable]:
         """The MALA iteration and chain init (full batch, every row in every gradient)."""
         import jax
-
-        from pymc_sgmcmc.kernels import mala
 
         value_and_grad = fns["logdensity_and_grad"]
         dim = self.problem.dim
@@ -2347,8 +2333,6 @@ class _PreconditionedSGD(SGMCMCStep):
         )
 
     def _kernel(self):
-        from pymc_sgmcmc.kernels import sgd
-
         momentum = self._momentum()
 
         def step(normal, state, grad_fn, params):
@@ -2974,8 +2958,6 @@ class SGLD(SGMCMCStep):
         )
 
     def _kernel(self):
-        from pymc_sgmcmc.kernels import sgld
-
         rmsprop = self.preconditioner == "rmsprop"
         temperature = self.temperature
         schedule = self.schedule

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from pymc_sgmcmc.kernels import saga, svrg
 from pymc_sgmcmc.minibatch import full_data_chunks, noise_factor
 from pymc_sgmcmc.step_methods import NOISE_CHUNK_WORK, SGLD
 from pymc_sgmcmc.tuning.averaging import chunked_gradient_noise
@@ -177,8 +178,6 @@ class SAGALD(_VarianceReducedLD):
         import jax
         import jax.numpy as jnp
 
-        from pymc_sgmcmc.kernels import saga
-
         n, b = self.problem.data_size, self.batch_size
         starts, _ = full_data_chunks(n, b)
         per_example = fns["per_example_grads"]
@@ -198,8 +197,6 @@ class SAGALD(_VarianceReducedLD):
 
     def _make_iteration(self, fns, kernel_step, data):
         import jax.numpy as jnp
-
-        from pymc_sgmcmc.kernels import saga
 
         n = self.problem.data_size
         prior_grad = self._prior_grad(fns)
@@ -225,8 +222,6 @@ class SAGALD(_VarianceReducedLD):
         return iteration
 
     def _start_draw(self, state, first_row_ids):
-        from pymc_sgmcmc.kernels import saga
-
         return saga.prefetch(state, first_row_ids)
 
     def _stored_rows(self, state, fixed, batch, idx):
@@ -271,15 +266,11 @@ class SVRGLD(_VarianceReducedLD):
         self.anchor_every = int(anchor_every)
 
     def _make_init(self, fns, kernel_init):
-        from pymc_sgmcmc.kernels import svrg
-
         return lambda position, data, fixed: svrg.init(position)
 
     def _make_iteration(self, fns, kernel_step, data):
         import jax
         import jax.numpy as jnp
-
-        from pymc_sgmcmc.kernels import svrg
 
         n, b = self.problem.data_size, self.batch_size
         prior_grad = self._prior_grad(fns)

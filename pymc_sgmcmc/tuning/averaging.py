@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 import jax.numpy as jnp
 import numpy as np
 
+from pymc_sgmcmc.minibatch import full_data_chunks
+
 __all__ = ["NoiseEstimate", "WindowedMean", "chunked_gradient_noise", "gradient_noise"]
 
 
@@ -25,8 +27,6 @@ def chunked_gradient_noise(rows_fn, rows: int, dim: int, full: bool, chunk_work:
     of a large data set would not fit at once): sums of g and g gᵀ about a shift (the first
     chunk's mean, against cancellation), in one compiled scan."""
     import jax
-
-    from pymc_sgmcmc.minibatch import full_data_chunks
 
     size = min(rows, max(256, chunk_work // max(dim, 1)))
     if size >= rows:

@@ -50,6 +50,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+from scipy.linalg import solve_discrete_lyapunov
 
 __all__ = [
     "Rates",
@@ -119,8 +120,6 @@ def noise_budget(
     h = float(step_size)
     if momentum is None or momentum == 1.0:
         return temperature * h * (2.0 - h)
-    from scipy.linalg import solve_discrete_lyapunov
-
     mu = float(momentum)
     transition = np.array([[1.0 - h, 1.0 - mu], [-h, 1.0 - mu]])
     if np.max(np.abs(np.linalg.eigvals(transition))) >= 1.0:
