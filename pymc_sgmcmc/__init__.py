@@ -24,6 +24,7 @@ from pymc_sgmcmc.model_checking import ElpdDifference, LooSubsample, log_likelih
 from pymc_sgmcmc.recording import DrawWriter, read_draws
 from pymc_sgmcmc.sampling import sample
 from pymc_sgmcmc.sgfs import SGFS
+from pymc_sgmcmc.sghmc import SGHMC
 from pymc_sgmcmc.step_methods import IASG, SGLD, ConstantSGD, SGMCMCStep
 from pymc_sgmcmc.variance_reduced import SAGALD, SVRGLD
 
@@ -33,6 +34,7 @@ __all__ = [
     "IASG",
     "SAGALD",
     "SGFS",
+    "SGHMC",
     "SGLD",
     "SVRGLD",
     "ConstantSGD",
@@ -59,7 +61,7 @@ __all__ = [
 
 # Listed with PyMC's step methods (so step_kwargs by name and tooling see them); their
 # competence is INCOMPATIBLE, so pm.sample never assigns them unless the user names them.
-for _cls in (ConstantSGD, SGLD, IASG, SAGALD, SVRGLD, SGFS):
+for _cls in (ConstantSGD, SGLD, IASG, SAGALD, SVRGLD, SGFS, SGHMC):
     if _cls not in pm.STEP_METHODS:
         pm.STEP_METHODS.append(_cls)
 _install_hooks()

@@ -113,11 +113,14 @@ def predicted_sd_ratio(
     curvature: np.ndarray,
     noise: np.ndarray,
     window: int | None = None,
+    momentum: float | None = None,
 ) -> np.ndarray:
     r"""Per-parameter sd of the stationary chain (or of IASG's window means, ``window``) on a
     Gaussian with curvature ``curvature`` and gradient-noise covariance ``noise`` (θ units),
     for the frozen whitened preconditioner ``P_z`` and injected noise ``Q``, over the sd of
-    ``curvature⁻¹``. Dense whitening only (else None)."""
+    ``curvature⁻¹``. With ``momentum`` μ the chain is the damped recursion
+    :math:`v' = (1-\mu)v - P A z + \epsilon,\ z' = z + v'`, a VAR(1) in ``(z, v)``. Dense
+    whitening only (else None)."""
     if not whitening.dense:
         return None
     a_z = whitening.to_whitened(curvature)
@@ -127,7 +130,14 @@ def predicted_sd_ratio(
     d = a_z.shape[0]
     f = np.eye(d) - p @ a_z
     v = p @ s_z @ p.T + q
-    sigma = solve_discrete_lyapunov(f, v)
+    if momentum is not None and momentum != 1.0:
+        keep = (1.0 - float(momentum)) * np.eye(d)
+        transition = np.block([[f, keep], [f - np.eye(d), keep]])
+        both = np.block([[v, v], [v, v]])  # the same noise moves v and z
+        sigma = solve_discrete_lyapunov(transition, both)[:d, :d]
+        window = None  # (IASG has no momentum)
+    else:
+        sigma = solve_discrete_lyapunov(f, v)
     if window is not None and window > 1:
         # Variance of the mean of W consecutive iterates of the VAR(1).
         acc = np.zeros_like(sigma)

@@ -2165,7 +2165,6 @@ class SGMCMCStep(Float64Methods, BlockedStep):
             and tuned.whitening.dense
             and not self.exact
             and self._sampled_idx is None
-            and getattr(self, "momentum", None) is None
             and (self.auto_step_size if hasattr(self, "auto_step_size") else True)
         ):
             window = self.window if isinstance(self, IASG) else None
@@ -2177,6 +2176,7 @@ class SGMCMCStep(Float64Methods, BlockedStep):
                     tuner.curvature.value,
                     tuner.noise.value,
                     window=window,
+                    momentum=self._check_momentum(),
                 )
             except (np.linalg.LinAlgError, ValueError):
                 ratio = None
@@ -2185,6 +2185,11 @@ class SGMCMCStep(Float64Methods, BlockedStep):
                 ratio = ratio / np.sqrt(self.temperature)
                 report["predicted_sd_ratio"] = ratio[idx].tolist()
         self._check_report = report
+
+    def _check_momentum(self) -> float | None:
+        """The frozen damping μ of a sampler with momentum (None: none), for the self-check's
+        predicted stationary covariance."""
+        return getattr(self, "momentum", None)
 
     def _mala_parts(self, fns: dict[str, Callable]) -> tuple[Callable, Callable]:
         """The MALA iteration and chain init (full batch, every row in every gradient)."""

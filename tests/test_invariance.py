@@ -57,11 +57,13 @@ def _exact(x, y):
     return {"a": draws[:, 0], "b": draws[:, 1], "sigma": np.sqrt(s2)}
 
 
-LANGEVIN = {"SGLD", "SAGALD", "SVRGLD"}
+LANGEVIN = {"SGLD", "SAGALD", "SVRGLD", "SGHMC"}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sampler", ["IASG", "ConstantSGD", "SGFS", "SGLD", "SAGALD", "SVRGLD"])
+@pytest.mark.parametrize(
+    "sampler", ["IASG", "ConstantSGD", "SGFS", "SGLD", "SAGALD", "SVRGLD", "SGHMC"]
+)
 def test_a_predictor_in_metres_or_kilometres_gives_the_same_posterior(sampler):
     metres, y = _data()
     tol_mean, tol_sd = (0.15, 0.15) if sampler in LANGEVIN else (0.10, 0.10)

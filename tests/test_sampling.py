@@ -27,6 +27,7 @@ SAMPLERS = {
     "SGFS": lambda: pmsg.SGFS(batch_size=B, h_max=1e-3),
     "SAGALD": lambda: pmsg.SAGALD(batch_size=B),
     "SVRGLD": lambda: pmsg.SVRGLD(batch_size=B),
+    "SGHMC": lambda: pmsg.SGHMC(batch_size=B),
 }
 
 

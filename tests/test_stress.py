@@ -5,7 +5,7 @@ N ≥ 20 000, or long NUTS runs checked against a second implementation).
 Each case runs the samplers that failed it before the tuning was re-founded, with default
 arguments (``pm.sample(step=pmsg.X())``), 2 chains × 1000 draws after 300 tuning draws. Pass
 rule (tests/posteriors/common.py ``verdict``): every parameter's mean within 0.1 reference sd
-and its sd within 10% (IASG, ConstantSGD, SGFS) or 0.15 / 15% (SGLD, SAGALD, SVRGLD), widened
+and its sd within 10% (IASG, ConstantSGD, SGFS) or 0.15 / 15% (SGLD, SAGALD, SVRGLD, SGHMC), widened
 by ``z`` Monte Carlo standard errors of that parameter from both sets of draws' ESS (``z``
 Bonferroni over the parameters at a 5% family-wise rate) — so a run that mixes badly gets a
 wider allowance but is asserted to have an ESS of at least 100 as well. The self-check must
@@ -47,6 +47,9 @@ CASES = [
     ("two_observed", "SGLD"),  # the small observed variable's parameter 5.2 sds off
     ("random_intercepts", "ConstantSGD"),  # chains stuck, R-hat 3
     ("lkj_mvnormal", "ConstantSGD"),  # a mean 1.8 sds off, sd ratios 0.58–2.34
+    # SGHMC (added after the re-founded tuning; Langevin-family tolerances):
+    ("natural_logistic", "SGHMC"),
+    ("random_intercepts", "SGHMC"),
 ]
 
 

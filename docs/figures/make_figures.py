@@ -122,6 +122,22 @@ RUNS = [
         tune=50,
     ),
     Run(
+        "sghmc",
+        "SGHMC, B = N/4",
+        "pmsg.SGHMC(batch_size=2500)",
+        lambda: pmsg.SGHMC(batch_size=N // 4),
+        draws=1000,
+        tune=100,
+    ),
+    Run(
+        "sghmc_constant_sgd",
+        "Constant SGD, B = N/4 (for the SGHMC page)",
+        "pmsg.ConstantSGD(batch_size=2500)",
+        lambda: pmsg.ConstantSGD(batch_size=N // 4),
+        draws=1000,
+        tune=100,
+    ),
+    Run(
         "sagald",
         "SAGA-LD",
         "pmsg.SAGALD(batch_size=100)",
