@@ -822,7 +822,10 @@ def _chain_copy(step: SGMCMCStep) -> SGMCMCStep:
     through ``__getstate__``, which drops the compiled functions.)"""
     clone = object.__new__(type(step))
     model = step.problem.model
-    memo: dict[int, Any] = {id(model): model, id(step.problem): step.problem}
+    # The step itself maps to the clone: its tuner's rule is a bound method of the step, and a
+    # deep copy of it would otherwise bind a second, hidden copy of the step, whose attributes
+    # the rule would set while the clone's stayed as they were (SGHMC's friction did).
+    memo: dict[int, Any] = {id(model): model, id(step.problem): step.problem, id(step): clone}
     for var in (*model.named_vars.values(), *model.value_vars):
         memo[id(var)] = var
     for name, value in vars(step).items():
