@@ -248,6 +248,14 @@ CASES: list[Case] = [
     _case_pm("pm-sgld-logreg-s2", "logreg", "SGLD", 2, "SGLD() defaults, second seed"),
     _case_pm("pm-sagald-linreg-s1", "linreg", "SAGALD", 1, "SAGALD() defaults"),
     _case_pm("pm-svrgld-logreg-s1", "logreg", "SVRGLD", 1, "SVRGLD() defaults"),
+    _case_pm(
+        "pm-sghmc-linreg-s1",
+        "linreg",
+        "SGHMC",
+        1,
+        "SGHMC(batch_size=1000): friction below 1",
+        batch_size=1000,
+    ),
     # --- pm.sample: non-default arguments ---
     _case_pm(
         "pm-iasg-diagonal-logreg-s1",
@@ -346,6 +354,14 @@ CASES: list[Case] = [
     ),
     _case_pmsg("pmsg-sagald-logreg-s1", "logreg", "SAGALD", 1, "SAGALD(), pmsg.sample"),
     _case_pmsg("pmsg-svrgld-linreg-s1", "linreg", "SVRGLD", 1, "SVRGLD(), pmsg.sample"),
+    _case_pmsg(
+        "pmsg-sghmc-logreg-s1",
+        "logreg",
+        "SGHMC",
+        1,
+        "SGHMC(batch_size=1000), pmsg.sample",
+        batch_size=1000,
+    ),
     # --- sharded: devices=2 (two forced XLA CPU devices, in a subprocess) ---
     _case_sharded("sharded-sgld-linreg-s1", "linreg", "SGLD", 1, "SGLD(devices=2)"),
     _case_sharded("sharded-iasg-logreg-s1", "logreg", "IASG", 1, "IASG(devices=2)"),
