@@ -45,7 +45,6 @@ from typing import Any
 import numpy as np
 from scipy.linalg import solve_discrete_lyapunov
 
-from pymc_sgmcmc.kernels import sgd
 from pymc_sgmcmc.step_methods import (
     CONSTANT_SGD_STEP_CAP,
     LANGEVIN_NOISE_SHARE,
@@ -153,7 +152,8 @@ class SGHMC(_PreconditionedSGD):
         v \leftarrow (1-\mu)\,v + P\,\nabla\log\hat p(\theta) + \xi, \qquad
         \theta \leftarrow \theta + v
 
-    with friction μ, learning rate :math:`P = hA^{-1}` (``A`` the measured curvature) and
+    (:func:`pymc_sgmcmc.kernels.sgd.step` with momentum) with friction μ, learning rate
+    :math:`P = hA^{-1}` (``A`` the measured curvature) and
     injected noise ξ that, added to the minibatch's measured gradient noise, gives the
     posterior's spread exactly for a Gaussian target (:mod:`pymc_sgmcmc.sghmc`). Tuning is
     automatic (search for the mode, then measurements of the curvature and of the gradient
@@ -201,22 +201,6 @@ class SGHMC(_PreconditionedSGD):
         super().__init__(vars, **kwargs)
         self._make_tuner(self.search_draws)
 
-    def _kernel(self):
-        def step(normal, state, grad_fn, params):
-            # ``normal`` is already the injected noise R ξ (_mix_normals).
-            state, info = sgd.step(
-                None,
-                state,
-                grad_fn,
-                1.0,
-                preconditioner=params["precond"],
-                momentum=params["friction"],
-                position_noise=normal,
-            )
-            return state, info._replace(step_size=params["step_size"])
-
-        return sgd.init, step
-
     def _rates(self, noise_z: np.ndarray, cap: float, whitening: Any) -> Rates:
         # As ConstantSGD: all the noise the minibatch gives when it is measured whole (dense),
         # a quarter of it when only its diagonal is (its correlations then go uncorrected).
@@ -240,7 +224,7 @@ class SGHMC(_PreconditionedSGD):
         if not self.exact:
             searching = self.tuned is not None and self.tuned.searching
             friction = 1.0 if searching else self.friction_value
-            params["friction"] = np.asarray(friction, dtype=self.problem.dtype)
+            params["momentum"] = np.asarray(friction, dtype=self.problem.dtype)
         return params
 
     def _check_momentum(self) -> float | None:

@@ -2341,14 +2341,15 @@ class _PreconditionedSGD(SGMCMCStep):
         momentum = self._momentum()
 
         def step(normal, state, grad_fn, params):
-            # ``normal`` is already the injected noise R ξ (_mix_normals).
+            # ``normal`` is already the injected noise R ξ (_mix_normals). The damping is a
+            # constant of the sampler, or a draw parameter where tuning chooses it (SGHMC).
             state, info = sgd.step(
                 None,
                 state,
                 grad_fn,
                 1.0,
                 preconditioner=params["precond"],
-                momentum=momentum,
+                momentum=params.get("momentum", momentum),
                 position_noise=normal,
             )
             return state, info._replace(step_size=params["step_size"])
