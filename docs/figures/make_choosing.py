@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results" / "posteriordb.json"
 OUT = ROOT / "docs" / "figures" / "choosing_table.md"
-SAMPLERS = ["IASG", "ConstantSGD", "SGFS", "SGLD", "SAGALD", "SVRGLD"]
+SAMPLERS = ["IASG", "ConstantSGD", "SGFS", "SGHMC", "SGLD", "SAGALD", "SVRGLD"]
 
 # (row label, N shown, predicate on a result) — by model shape and size.
 REGRESSIONS = {
@@ -111,7 +111,7 @@ def main() -> None:
         f"{passed} of {total} cells pass. A cell is one sampler on one posterior, 4 chains × "
         "2 000 draws (2 × 1 000 at N ≥ 5·10⁴). It passes when every mean is within 0.1 "
         "reference sds and every sd within 10% (0.15 and 15% for the Langevin family: SGLD, "
-        "SAGALD, SVRGLD), each widened by a Bonferroni z of Monte Carlo standard errors — "
+        "SAGALD, SVRGLD, SGHMC), each widened by a Bonferroni z of Monte Carlo standard errors — "
         "or, for IASG and constant SGD (Gaussian approximations) on a skewed posterior, when "
         "no further from the reference than the Laplace approximation. Each entry: cells "
         "passed, the worst |Δmean| in reference sds, the range of sd ratios, and the median "
