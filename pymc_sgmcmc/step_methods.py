@@ -652,6 +652,10 @@ class SGMCMCStep(Float64Methods, BlockedStep):
         self._check = None
         self._check_report = {}
         if self.tuner is not None:
+            # The rule is a bound method: bound to this object, also when the tuner came from
+            # another one (pmsg.sample leaves the step holding its last chain's tuner, whose
+            # rule would otherwise set that chain's copy's attributes in the next run).
+            self.tuner.rule = self._rule
             self.tuner.init()
             if self.exact:
                 self._mala = StepSizeAdaptation(initial_mala_step(self.problem.dim))

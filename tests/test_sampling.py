@@ -92,6 +92,19 @@ def test_same_seed_same_draws_as_pm_sample(model, name):
     np.testing.assert_array_equal(b.sample_stats["diverging"], a.sample_stats["diverging"])
 
 
+def test_a_step_sampled_again_draws_what_a_fresh_one_draws(model):
+    # pmsg.sample leaves the step holding its last chain's tuner; a second run must tune this
+    # step, not that chain's copy (SGHMC's friction once stayed at 1 in the second run while
+    # its step was tuned for 0.3: sds 0.5-0.6x).
+    with model:
+        step = pmsg.SGHMC(batch_size=N // 2)
+        first = pmsg.sample(step=step, **SMALL)
+        again = pmsg.sample(step=step, **SMALL)
+        then = pm.sample(step=step, cores=1, **SMALL)
+    np.testing.assert_array_equal(again.posterior["beta"], first.posterior["beta"])
+    np.testing.assert_allclose(then.posterior["beta"], first.posterior["beta"], rtol=1e-9)
+
+
 def test_seeds_reproduce_and_differ_and_cores_do_not_matter(model, tmp_path):
     with model:
         step = pmsg.SGLD(batch_size=100)  # one step object, reused: nothing carries over
