@@ -10,7 +10,9 @@ every entry point that runs JAX enters :func:`float64_scope`, JAX's thread-local
 functions. Arrays made inside keep their float64 dtype outside.
 
 PyTensor's JAX backend sets ``jax_enable_x64`` globally when it is imported; this package
-imports it through :func:`import_pytensor_jax`, which puts the user's value back.
+imports it through :func:`import_pytensor_jax`, which puts the user's value back — and, as
+PyMC's own JAX samplers (``nuts_sampler="numpyro"``) rely on that import's setting, applies
+it when they are imported later.
 
 The one place a user meets it: the callables of ``MinibatchProblem.jax_functions()`` compute
 in float32 when called outside a scope; call them inside ``with jax.enable_x64(True):`` (or
@@ -22,6 +24,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import importlib.abc
+import importlib.util
 import sys
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
@@ -84,6 +88,37 @@ def import_pytensor_jax() -> Any:
 
     # The global value (inside a float64_scope, jax.config reads the thread-local one).
     before = bool(jax.enable_x64.get_global())
-    dispatch = importlib.import_module("pytensor.link.jax.dispatch")
-    jax.config.update("jax_enable_x64", before)
+    try:
+        dispatch = importlib.import_module("pytensor.link.jax.dispatch")
+    finally:
+        jax.config.update("jax_enable_x64", before)
+    if "pymc.sampling.jax" not in sys.modules:
+        sys.meta_path.insert(0, _PyMCJaxSamplers())
     return dispatch
+
+
+class _PyMCJaxSamplers(importlib.abc.MetaPathFinder):
+    """PyMC's JAX samplers (``pymc.sampling.jax``: ``pm.sample(nuts_sampler="numpyro")``,
+    ``"blackjax"``) rely on the import of PyTensor's JAX backend to switch ``jax_enable_x64``
+    on. After :func:`import_pytensor_jax` that import has happened and been undone, so when
+    PyMC's JAX samplers are imported later this finder applies PyTensor's setting then — what
+    the user's process would have had at that point without this package. One use, then it
+    leaves ``sys.meta_path``."""
+
+    NAME = "pymc.sampling.jax"
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.NAME:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            jax.config.update("jax_enable_x64", str(pytensor.config.floatX) == "float64")
+            run(module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec

@@ -49,6 +49,14 @@ _SCRIPT = textwrap.dedent(
         bool(np.array_equal(v.posterior["b"].values, v2.posterior["b"].values)),
         bool(np.array_equal(ll.log_likelihood["y"].values, ll2.log_likelihood["y"].values)),
     ]
+    # PyMC's own JAX samplers (nuts_sampler="numpyro") imported after our fits: they get
+    # PyTensor's import-time float64, as they would without this package.
+    jax.config.update("jax_enable_x64", False)
+    from pymc.sampling.jax import get_jaxified_logp
+    with pm.Model() as m:
+        pm.Normal("y", pm.Normal("mu"), 1.0, observed=np.zeros(3))
+    out["pymc_jax"] = [bool(jax.config.jax_enable_x64),
+                       str(get_jaxified_logp(m)([np.zeros(())]).dtype)]
     print("RESULT" + json.dumps(out))
     """
 )
@@ -71,3 +79,5 @@ def test_the_users_x64_setting_is_left_as_it_was(tmp_path):
     # the same draws as with the user's float64 on, which stays on.
     assert out["same_draws"] == [True, True, True]
     assert out["user_on_after"] is True
+    # and PyMC's JAX samplers, imported afterwards, still compute in float64
+    assert out["pymc_jax"] == [True, "float64"]
