@@ -84,8 +84,10 @@ def layout_shards(
 
     Each device draws its local minibatch from its own piece, and the gradient estimate
     ``Σ_d (N_d / B_d) Σ_{i ∈ S_d} ∇ log p(x_i | θ)`` is unbiased for the full-data one — a
-    stratified version of the single-device estimator, with slightly *less* noise (at most
-    a fraction ``1/N_d`` of it, which the noise estimate does not see)."""
+    stratified version of the single-device estimator: its noise lacks the spread between the
+    pieces' mean gradients (negligible for these shuffled pieces; large for row shards split
+    by an outcome), and the tuning measures it piece by piece
+    (:func:`pymc_sgmcmc.sharding.sharded_gradient_noise`)."""
     local_b = local_batch(batch_size, shards)
     n = arrays[0].shape[0]
     perm = np.random.default_rng(SHUFFLE_SEED).permutation(n) if scheme == "blocks" else None

@@ -1868,7 +1868,8 @@ class SGMCMCStep(Float64Methods, BlockedStep):
         """Curvature and gradient noise at the chain's position, from one block of rows: the
         Hessian of the potential (dense, or its diagonal) and the covariance of the sampler's
         gradient estimate in θ units (``(N²/B)·f·C``, ``f`` the minibatch scheme's factor: 0
-        with every row in every iteration)."""
+        with every row in every iteration; with devices or row shards the stratified
+        ``Σ_d (N_d²/B_d)·f_d·C_d``, measured piece by piece)."""
         position = state.position
         dense = self.whitening_kind == "dense"
         # The noise (and curvature) as full matrices whenever they fit: a diagonal or scalar
@@ -1883,7 +1884,7 @@ class SGMCMCStep(Float64Methods, BlockedStep):
         else:
             # The covariance of repeated ELBO gradients, in per-datum units (× B/N²).
             scale, fisher = n**2 / b, None
-        if sharded_noise is not None:
+        if sharded_noise is not None and not self.exact:
             # Minibatches drawn piece by piece: their noise, not a uniform minibatch's (which
             # also holds the spread between the pieces); the Fisher information stays N·C.
             stratified = sharded_noise(
