@@ -122,8 +122,8 @@ def sghmc_rule(
     curvature the directions decouple, so each has its own step, as in
     :func:`~pymc_sgmcmc.tuning.rates.langevin_rule` — and the rest of its budget is injected.
     ``friction=None`` picks μ from :data:`FRICTION_GRID`: the smallest worst-case
-    :func:`autocorrelation_time` over the directions (its mean breaking ties), starting from
-    μ = 1 — ConstantSGD's rule, which the choice then never makes slower in its slowest
+    :func:`autocorrelation_time` over the directions (less friction must gain 2% there),
+    starting from μ = 1 — ConstantSGD's rule, which the choice then never makes slower in its slowest
     direction. Steps below the cap come from a table of each friction's budget over a
     geometric grid of steps (ratio 1.03; the grid point at or below the largest admissible
     step, so the noise always fits)."""
@@ -142,9 +142,11 @@ def sghmc_rule(
             steps, times = _steps_and_times(values, mu, step_cap, share, temp)
         worst = float(times.max(initial=0.0))
         mean = float(times.mean()) if times.size else 0.0
-        # Less friction must be clearly better: 2% in the slowest direction, or as good there
-        # and 2% on average (near-ties keep ConstantSGD's rule and its draws).
-        if best is None or worst < 0.98 * best[0] or (worst <= best[0] and mean < 0.98 * best[1]):
+        # Less friction must be clearly better in the slowest direction (2%); near-ties keep
+        # more friction. Winning on the average alone is not enough: on radon (rare groups,
+        # a funnel in the group scale) light friction chosen that way let a tuning draw
+        # diverge, while the slowest direction gained nothing.
+        if best is None or worst < 0.98 * best[0]:
             best = (worst, mean, mu, steps)
     assert best is not None
     _, _, mu, steps = best
