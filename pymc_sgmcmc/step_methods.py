@@ -652,9 +652,7 @@ class SGMCMCStep(Float64Methods, BlockedStep):
         self._check = None
         self._check_report = {}
         if self.tuner is not None:
-            # The rule is a bound method: bound to this object, also when the tuner came from
-            # another one (pmsg.sample leaves the step holding its last chain's tuner, whose
-            # rule would otherwise set that chain's copy's attributes in the next run).
+            # The rule (a bound method) bound to this step, also when the tuner is a chain copy's
             self.tuner.rule = self._rule
             self.tuner.init()
             if self.exact:
@@ -2192,8 +2190,7 @@ class SGMCMCStep(Float64Methods, BlockedStep):
         self._check_report = report
 
     def _check_momentum(self) -> float | None:
-        """The frozen damping μ of a sampler with momentum (None: none), for the self-check's
-        predicted stationary covariance."""
+        """The damping μ the self-check's predicted covariance models (None: no momentum)."""
         return getattr(self, "momentum", None)
 
     def _mala_parts(self, fns: dict[str, Callable]) -> tuple[Callable, Callable]:
