@@ -70,9 +70,22 @@ class Float64Methods:
         for name in cls.FLOAT64_METHODS:
             method = cls.__dict__.get(name)
             if callable(method) and not getattr(method, "_in_float64", False):
-                scoped = in_float64(method)
+                scoped = _in_own_float64(method)
                 scoped._in_float64 = True  # type: ignore[attr-defined]
                 setattr(cls, name, scoped)
+
+
+def _in_own_float64(method: F) -> F:
+    """``method`` inside :func:`float64_scope` of its object's problem's dtype (the ``floatX``
+    the model was built with), or of the current ``floatX`` before there is one."""
+
+    @functools.wraps(method)
+    def scoped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        dtype = getattr(self.__dict__.get("problem"), "dtype", None)
+        with float64_scope(dtype):
+            return method(self, *args, **kwargs)
+
+    return scoped  # type: ignore[return-value]
 
 
 def import_pytensor_jax() -> Any:

@@ -57,6 +57,20 @@ _SCRIPT = textwrap.dedent(
         pm.Normal("y", pm.Normal("mu"), 1.0, observed=np.zeros(3))
     out["pymc_jax"] = [bool(jax.config.jax_enable_x64),
                        str(get_jaxified_logp(m)([np.zeros(())]).dtype)]
+    # A model built in float64 (change_flags) and sampled where floatX is float32: the step
+    # computes in its model's dtype, drawing what the float64 run above drew.
+    import pytensor
+    jax.config.update("jax_enable_x64", False)  # the user's off again
+    pytensor.config.floatX = "float32"
+    with pytensor.config.change_flags(floatX="float64"):
+        with pm.Model() as m64:
+            b = pm.Normal("b", 0, 1, shape=3)
+            pm.Normal("y", pm.Data("X", X) @ b, 1.0, observed=y)
+            step = pmsg.IASG(batch_size=256)
+    with m64:
+        c = pm.sample(step=step, draws=60, tune=40, chains=2, random_seed=1,
+                      progressbar=False, compute_convergence_checks=False)
+    out["model_dtype"] = bool(np.array_equal(c.posterior["b"].values, a.posterior["b"].values))
     print("RESULT" + json.dumps(out))
     """
 )
@@ -81,3 +95,5 @@ def test_the_users_x64_setting_is_left_as_it_was(tmp_path):
     assert out["user_on_after"] is True
     # and PyMC's JAX samplers, imported afterwards, still compute in float64
     assert out["pymc_jax"] == [True, "float64"]
+    # a step computes in its own model's dtype, whatever floatX is when it samples
+    assert out["model_dtype"] is True
