@@ -33,7 +33,15 @@ from typing import Any, ClassVar, TypeVar
 import jax
 import pytensor
 
-__all__ = ["Float64Methods", "float64_scope", "import_pytensor_jax", "in_float64"]
+__all__ = [
+    "Float64Methods",
+    "callers_x64",
+    "float64_scope",
+    "import_pytensor_jax",
+    "in_float64",
+    "in_float64_of_step",
+    "step_dtype",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -49,11 +57,36 @@ def float64_scope(dtype: str | None = None) -> contextlib.AbstractContextManager
 
 
 def in_float64(function: F) -> F:
-    """``function`` run inside :func:`float64_scope`."""
+    """``function`` run inside :func:`float64_scope` (PyTensor's current ``floatX``)."""
+    return _scoped(function, lambda *args, **kwargs: None)
 
+
+def in_float64_of_step(function: F) -> F:
+    """``function(..., step=...)`` (or with the step first) run inside :func:`float64_scope`
+    of the step's model's dtype — the ``floatX`` the model was built with, not the current
+    one (the current one for a step not bound to a model yet)."""
+    return _scoped(function, lambda *args, **kwargs: step_dtype(kwargs.get("step", args[:1])))
+
+
+def step_dtype(step: Any) -> str | None:
+    """The dtype of ``step``'s model (``problem.dtype``), None when it has none (yet)."""
+    if isinstance(step, tuple):
+        step = step[0] if step else None
+    return getattr(getattr(step, "__dict__", {}).get("problem"), "dtype", None)
+
+
+def callers_x64() -> Callable[[], contextlib.AbstractContextManager]:
+    """Read in the calling thread: a factory of contexts with its effective float64 setting,
+    for a worker thread to enter (``jax.enable_x64`` is thread-local: a pool thread starts
+    from the global value)."""
+    x64 = bool(jax.config.jax_enable_x64)
+    return lambda: jax.enable_x64(x64)
+
+
+def _scoped(function: F, dtype_of: Callable[..., str | None]) -> F:
     @functools.wraps(function)
     def scoped(*args: Any, **kwargs: Any) -> Any:
-        with float64_scope():
+        with float64_scope(dtype_of(*args, **kwargs)):
             return function(*args, **kwargs)
 
     return scoped  # type: ignore[return-value]
@@ -76,16 +109,8 @@ class Float64Methods:
 
 
 def _in_own_float64(method: F) -> F:
-    """``method`` inside :func:`float64_scope` of its object's problem's dtype (the ``floatX``
-    the model was built with), or of the current ``floatX`` before there is one."""
-
-    @functools.wraps(method)
-    def scoped(self: Any, *args: Any, **kwargs: Any) -> Any:
-        dtype = getattr(self.__dict__.get("problem"), "dtype", None)
-        with float64_scope(dtype):
-            return method(self, *args, **kwargs)
-
-    return scoped  # type: ignore[return-value]
+    """``method`` inside :func:`float64_scope` of its object's model's dtype."""
+    return _scoped(method, lambda self, *args, **kwargs: step_dtype(self))
 
 
 def import_pytensor_jax() -> Any:

@@ -48,7 +48,7 @@ from pymc.step_methods.compound import CompoundStep
 from pymc.util import get_random_generator
 
 from pymc_sgmcmc._hooks import _DIVERGED, _STEPS
-from pymc_sgmcmc._precision import in_float64
+from pymc_sgmcmc._precision import callers_x64, in_float64_of_step
 from pymc_sgmcmc._runtime import host_blas_threads
 from pymc_sgmcmc.errors import DivergenceError, ModelNotSupportedError
 from pymc_sgmcmc.step_methods import SGMCMCStep, bind_steps
@@ -60,7 +60,7 @@ _LOOP_KEY = "pmsg_sample_loop"  # the vmapped loop, cached in the step's compile
 _log = logging.getLogger("pymc")
 
 
-@in_float64
+@in_float64_of_step
 def sample(
     step: SGMCMCStep,
     draws: int = 1000,
@@ -586,11 +586,12 @@ class _Engine:
         """``n`` draws of each group in ``carries``: ``{group: (carry, record)}``, the
         records on the host."""
         jax = self.jax
+        scope = callers_x64()  # this thread's float64 setting, for the pool's threads
 
-        @in_float64  # a pool thread: JAX's float64 is thread-local
         def run(item):
             g, carry = item
-            carry, record = self._loop(carry, self.data, n, length=self.length)
+            with scope():
+                carry, record = self._loop(carry, self.data, n, length=self.length)
             return g, (carry, jax.device_get(record))
 
         items = list(carries.items())

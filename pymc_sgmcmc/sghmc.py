@@ -133,7 +133,7 @@ def sghmc_rule(
     if friction is not None and float(friction) == 1.0:
         return plain, 1.0
     candidates = [float(friction)] if friction is not None else list(FRICTION_GRID)
-    best: tuple[float, float, float, np.ndarray] | None = None
+    best: tuple[float, float, np.ndarray] | None = None
     for mu in sorted(candidates, reverse=True):  # from plain Langevin down
         if mu == 1.0:
             steps = plain.steps
@@ -141,15 +141,14 @@ def sghmc_rule(
         else:
             steps, times = _steps_and_times(values, mu, step_cap, share, temp)
         worst = float(times.max(initial=0.0))
-        mean = float(times.mean()) if times.size else 0.0
         # Less friction must be clearly better in the slowest direction (2%); near-ties keep
         # more friction. Winning on the average alone is not enough: on radon (rare groups,
         # a funnel in the group scale) light friction chosen that way let a tuning draw
         # diverge, while the slowest direction gained nothing.
         if best is None or worst < 0.98 * best[0]:
-            best = (worst, mean, mu, steps)
+            best = (worst, mu, steps)
     assert best is not None
-    _, _, mu, steps = best
+    _, mu, steps = best
     if mu == 1.0:
         return plain, 1.0
     unique, inverse = np.unique(steps, return_inverse=True)

@@ -70,7 +70,14 @@ _SCRIPT = textwrap.dedent(
     with m64:
         c = pm.sample(step=step, draws=60, tune=40, chains=2, random_seed=1,
                       progressbar=False, compute_convergence_checks=False)
-    out["model_dtype"] = bool(np.array_equal(c.posterior["b"].values, a.posterior["b"].values))
+    with pytensor.config.change_flags(floatX="float64"), m64:
+        step = pmsg.SGLD(batch_size=256)
+    with m64:  # pmsg.sample and its pool threads too
+        e = pmsg.sample(step=step, draws=30, tune=30, chains=2, random_seed=1, progressbar=False)
+    out["model_dtype"] = [
+        bool(np.array_equal(c.posterior["b"].values, a.posterior["b"].values)),
+        bool(np.array_equal(e.posterior["b"].values, v.posterior["b"].values)),
+    ]
     print("RESULT" + json.dumps(out))
     """
 )
@@ -96,4 +103,4 @@ def test_the_users_x64_setting_is_left_as_it_was(tmp_path):
     # and PyMC's JAX samplers, imported afterwards, still compute in float64
     assert out["pymc_jax"] == [True, "float64"]
     # a step computes in its own model's dtype, whatever floatX is when it samples
-    assert out["model_dtype"] is True
+    assert out["model_dtype"] == [True, True]
