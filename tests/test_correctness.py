@@ -1,7 +1,8 @@
 """Statistical checks against closed-form posteriors and NUTS.
 
-Each test runs through ``pm.sample(step=...)`` and through the vectorised ``pmsg.sample``
-(the ``sample_path`` fixture): the same seeds, the same tolerances.
+Each test runs through the vectorised ``pmsg.sample`` (the ``sample_path`` fixture), which
+draws what ``pm.sample(step=...)`` draws for the same seed (test_sampling.py checks it for
+every sampler).
 
 Tolerances: a posterior mean estimated from draws with effective sample size ESS has Monte
 Carlo sd ``sd/√ESS``; a marginal sd has relative Monte Carlo sd ``≈ 1/√(2 ESS)``. Each test

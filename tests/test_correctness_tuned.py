@@ -1,7 +1,8 @@
 """Automatically tuned samplers against exact and NUTS posteriors (Mandt et al. 2017).
 
-Each test runs through ``pm.sample(step=...)`` and ``pmsg.sample`` (the ``sample_path``
-fixture), but for the digits example, which runs the example's own code. Tolerances as in
+Each test runs through ``pmsg.sample`` (the ``sample_path`` fixture; it draws what
+``pm.sample(step=...)`` draws: test_sampling.py) — the hyperparameter tuning through both —
+but for the digits example, which runs the example's own code. Tolerances as in
 ``test_correctness.py``: means within 0.15 posterior sd, marginal sds within
 15%, correlations within 0.1, each asserted together with an ESS large enough that the
 threshold is at least 3.5 Monte Carlo sds (a correlation ρ has MC sd ≈ (1 − ρ²)/√ESS).
@@ -13,7 +14,7 @@ import arviz as az
 import numpy as np
 import pymc as pm
 import pytest
-from conftest import logistic_model, make_regression, numpyro_nuts
+from conftest import SAMPLE_PATHS, logistic_model, make_regression, numpyro_nuts
 
 import pymc_sgmcmc as pmsg
 from pymc_sgmcmc.tuning import iasg_window
@@ -139,6 +140,8 @@ def test_iasg_logistic_regression_against_nuts(iasg_logistic, sample_path):
     assert _ess(ours, "beta") / (3200 * passes) >= 0.5, "IASG: under 0.5 ESS per data pass"
 
 
+# Both drivers: the hyperparameters' tuning is not in test_sampling's draw-for-draw check.
+@pytest.mark.parametrize("sample_path", SAMPLE_PATHS, indirect=True)
 def test_variational_em_finds_the_empirical_bayes_prior_precision(sample_path):
     """Mandt §4.2 on a model where the answer is closed-form.
 

@@ -73,7 +73,11 @@ _COMMON = textwrap.dedent(
 _DRAWS = _COMMON + textwrap.dedent(
     """
     out = {"process": ME, "processes": pmsg.distributed.process_count()}
-    idata = run(pmsg.IASG(data=shards()), draws=250, tune=60, chains=2)
+    # The simulation draws enough for the exact-posterior test; the two processes draw the
+    # first few of the same draws (a draw does not depend on how many follow it): every
+    # iteration of two processes crosses the loopback, ~0.5 ms each.
+    FEW = MODE != "sim"
+    idata = run(pmsg.IASG(data=shards()), draws=40 if FEW else 250, tune=60, chains=2)
     out["iasg"] = idata.posterior["b"].values.tolist()
     import arviz as az
     out["iasg_ess"] = az.ess(idata)["b"].values.tolist()
@@ -81,7 +85,8 @@ _DRAWS = _COMMON + textwrap.dedent(
     with model():
         pm.set_data({"X": X, "y_obs": y})
         idata = pm.sample(step=pmsg.SGLD(batch_size=200, devices="all" if MODE != "sim" else 4),
-                          draws=30, tune=20, chains=1, random_seed=1, progressbar=False,
+                          draws=10 if FEW else 30, tune=20, chains=1, random_seed=1,
+                          progressbar=False,
                           compute_convergence_checks=False)
     out["all"] = idata.posterior["b"].values.tolist()
     print("RESULT" + json.dumps(out), flush=True)
@@ -214,9 +219,10 @@ def test_two_processes_draw_what_one_process_with_their_pieces_draws(draws):
     sim, (p0, p1) = draws
     assert (p0["process"], p1["process"], p0["processes"]) == (0, 1, 2)
     for key in ("iasg", "all"):
-        one = np.asarray(sim[key])
         for proc in (p0, p1):
-            np.testing.assert_allclose(np.asarray(proc[key]), one, rtol=1e-8, atol=0)
+            few = np.asarray(proc[key])
+            one = np.asarray(sim[key])[:, : few.shape[1]]  # the processes draw fewer
+            np.testing.assert_allclose(few, one, rtol=1e-8, atol=0)
     # both processes computed the same draws, bit for bit
     np.testing.assert_array_equal(np.asarray(p0["iasg"]), np.asarray(p1["iasg"]))
 

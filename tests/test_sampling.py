@@ -1,6 +1,7 @@
 """pmsg.sample: the vectorised driver against pm.sample(step=...) — groups, stats, attrs,
-seeds, divergence, progress bar and bad input. (The statistical tests of every sampler run
-through both drivers: the ``sample_path`` fixture in conftest.py.)"""
+seeds, divergence, progress bar and bad input. The statistical tests run through pmsg.sample
+only (``conftest.STATISTICAL_PATH``); that what they check holds for pm.sample too rests on
+:func:`test_same_seed_same_draws_as_pm_sample` — every sampler, draw for draw."""
 
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ SAMPLERS = {
     # little gradient noise: a friction below 1, re-chosen at every retune (a chain's copy of
     # the step once left it at 1 in pmsg.sample while its step was tuned for 0.45)
     "SGHMC-light": lambda: pmsg.SGHMC(batch_size=N // 2),
+    # the statistical tests run through pmsg.sample only (conftest.STATISTICAL_PATH): what
+    # they check of a setting holds for pm.sample because of this test
+    "IASG-temperature": lambda: pmsg.IASG(batch_size=B, temperature=2.0),
 }
 
 

@@ -2,11 +2,11 @@
 the stationary distribution against the exact posterior (full) and Corollary 6's Lyapunov
 prediction (diagonal).
 
-The tests through a driver run through ``pm.sample(step=...)`` and ``pmsg.sample`` (the
-``sample_path`` fixture). Statistical tolerances as in ``test_correctness_tuned.py``: means within 0.15 posterior sd and
-sds within 15% (variances within 15% for the Lyapunov test), each asserted together with an
-ESS large enough that the threshold is at least 3.5 Monte Carlo sds (a variance has relative
-Monte Carlo sd √(2/ESS)).
+The tests through a driver run through ``pmsg.sample`` (the ``sample_path`` fixture; it
+draws what ``pm.sample(step=...)`` draws: test_sampling.py). Statistical tolerances as in
+``test_correctness_tuned.py``: means within 0.15 posterior sd and sds within 15% (variances
+within 15% for the Lyapunov test), each asserted together with an ESS large enough that the
+threshold is at least 3.5 Monte Carlo sds (a variance has relative Monte Carlo sd √(2/ESS)).
 """
 
 from __future__ import annotations

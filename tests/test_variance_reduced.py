@@ -1,6 +1,6 @@
 """SAGA-LD and SVRG-LD (Dubey et al. 2016): exact kernel updates, unbiased estimators on a
-PyMC model's own gradients, and posteriors against NUTS (through ``pm.sample(step=...)`` and
-``pmsg.sample``: the ``sample_path`` fixture)."""
+PyMC model's own gradients, and posteriors against NUTS (through ``pmsg.sample``, the
+``sample_path`` fixture; it draws what ``pm.sample(step=...)`` draws: test_sampling.py)."""
 
 from __future__ import annotations
 
