@@ -123,7 +123,7 @@ def verdict(sampler: str, scored: dict, laplace: dict | None) -> dict:
     return {"z": out["z"], "failures": out["failures"], "pass": out["pass"]}
 
 
-def run_cell(source, name, size, local, sampler, draws, tune, chains, seed) -> dict:
+def run_cell(source, name, size, local, sampler, draws, tune, chains, seed, family=None) -> dict:
     import pymc as pm
     from posteriors.common import score
 
@@ -132,6 +132,8 @@ def run_cell(source, name, size, local, sampler, draws, tune, chains, seed) -> d
     model, reference = load(source, name, size)
     laplace = laplace_score(source, name, size, model, reference)
     kwargs = {"local_vars": local} if local else {}
+    if local and family:
+        kwargs["local_family"] = family
     row: dict = {
         "source": source,
         "posterior": name,
@@ -139,6 +141,8 @@ def run_cell(source, name, size, local, sampler, draws, tune, chains, seed) -> d
         "local_vars": local,
         "sampler": sampler,
     }
+    if local and family:
+        row["local_family"] = family
     start = time.time()
     try:
         with model:
@@ -198,6 +202,8 @@ def render(rows: list[dict]) -> str:
         name = r["posterior"].split("-")[-1] + (f" ({r['size']})" if r["size"] else "")
         if r.get("local_vars"):
             name += f" local={','.join(r['local_vars'])}"
+            if r.get("local_family"):
+                name += f" ({r['local_family']})"
         if "error" in r:
             lines.append(
                 f"| {name} | | {r['sampler']} | | error: {r['error'][:80]} | | | FAIL | | | | |"
@@ -256,6 +262,8 @@ def summarise(rows: list[dict], kept_draws: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--samplers", nargs="*", default=SAMPLERS)
+    parser.add_argument("--local-family", help="local_family= for the local_vars cells")
+    parser.add_argument("--local-only", action="store_true", help="only the local_vars cells")
     parser.add_argument("--only", nargs="*", help="substrings of posterior names")
     parser.add_argument("--full", action="store_true", help="also the full-size stress cases")
     parser.add_argument("--quick", action="store_true", help="200 draws, 2 chains: a smoke run")
@@ -287,7 +295,7 @@ def main() -> None:
     mala_runs: dict[tuple, dict] = {}
     for source, name, size, local in [] if args.from_json else cells(args):
         for sampler in args.samplers:
-            if local and sampler in NO_LOCALS:
+            if (local and sampler in NO_LOCALS) or (args.local_only and not local):
                 continue
             same = mala_runs.get((source, name, size, str(local)))
             if same is not None:
@@ -306,6 +314,7 @@ def main() -> None:
                     args.tune,
                     args.chains,
                     args.seed,
+                    args.local_family,
                 )
                 if row.get("mala"):
                     mala_runs[(source, name, size, str(local))] = row

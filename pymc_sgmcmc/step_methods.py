@@ -27,6 +27,7 @@ from pymc.step_methods.compound import BlockedStep, Competence, StepMethodState
 from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator
 
+from pymc_sgmcmc._local_glue import LocalVariablesGlue
 from pymc_sgmcmc._precision import Float64Methods
 from pymc_sgmcmc._runtime import current_chain
 from pymc_sgmcmc.bridge import MinibatchProblem, build_problem, check_finite_rows
@@ -78,7 +79,12 @@ from pymc_sgmcmc.tuning.averaging import chunked_gradient_noise
 from pymc_sgmcmc.tuning.rates import Rates, iasg_rule, iasg_window, langevin_rule
 from pymc_sgmcmc.tuning.tuner import Measurement, Tuned, Tuner
 from pymc_sgmcmc.tuning.whitening import DENSE_MAX_DIM, Whitening, psd_sqrt
-from pymc_sgmcmc.variational import LOCAL_FAMILIES, Hybrid, HybridState, LocalLayout
+from pymc_sgmcmc.variational import (
+    LOCAL_FAMILIES,
+    Hybrid,
+    HybridState,
+    LocalLayout,
+)
 
 __all__ = ["IASG", "SGLD", "ConstantSGD", "SGMCMCStep"]
 
@@ -208,7 +214,7 @@ class SGMCMCStepState(StepMethodState):
     tune: bool = True
 
 
-class SGMCMCStep(Float64Methods, BlockedStep):
+class SGMCMCStep(Float64Methods, LocalVariablesGlue, BlockedStep):
     """Base class of the stochastic-gradient step methods (not used directly).
 
     Parameters
@@ -412,6 +418,8 @@ class SGMCMCStep(Float64Methods, BlockedStep):
                 and self.hybrid.family_name == "markov"
             )
         self.freeze_locals = bool(freeze_locals)
+        self._theta_mean: np.ndarray | None = None  # where a frozen q is fit (_refit_locals)
+        self._theta_count = 0
         if (
             devices is not None
             and devices not in ("all", "chains")
@@ -1466,6 +1474,7 @@ class SGMCMCStep(Float64Methods, BlockedStep):
             # curvature (a noise scale halved quadruples it), so a step sized at the previous
             # values can be unstable. Automatic step sizes need one estimate before the first
             # draw, tuning or not.
+            state = self._refit_locals(state, fixed, key)
             self._tune_draw(state, fixed, key)
         draw_index = self._draw_index
         self._draw_index += 1
@@ -1587,7 +1596,9 @@ class SGMCMCStep(Float64Methods, BlockedStep):
             self._setup_check()
         params.update(self._check_params())
         if self.hybrid is not None:
-            adapting = self.tune or not self.freeze_locals
+            # A frozen q is refit on the full data before each tuning measurement instead
+            # (_refit_locals): minibatch updates would leave noise in it.
+            adapting = not self.freeze_locals
             rate = float(self.hybrid.learning_rate(iteration)) if adapting else 0.0
             if not 0.0 <= rate <= 1.0:
                 raise ValueError(
@@ -1597,94 +1608,6 @@ class SGMCMCStep(Float64Methods, BlockedStep):
             params["local_rate"] = np.asarray(rate, dtype=dtype)
         return params
 
-    def _hybrid_iteration(self, kernel_step: Callable) -> Callable:
-        """The iteration with local variables: the kernel moves the globals along the
-        gradient of the K-sample ELBO estimate; while tuning q takes a natural-gradient step
-        (:meth:`pymc_sgmcmc.variational.Hybrid.step`)."""
-        import jax
-
-        hybrid = self.hybrid
-        assert hybrid is not None
-
-        def iteration(normal, state, batch, row_ids, next_row_ids, fixed, params):
-            key = jax.random.fold_in(state.local["key"], state.iteration)
-            _, grad, local = hybrid.step(
-                state.position, state.local, fixed, batch, key, params["local_rate"]
-            )
-            kernel_state, info = kernel_step(normal, state.kernel, lambda _: grad, params)
-            return HybridState(kernel_state, local), info, grad
-
-        return iteration
-
-    def _hybrid_init(self, fns: dict[str, Callable], kernel_init: Callable) -> Callable:
-        """The chain's initial state with local variables: the kernel's, and q initialised
-        at the conditional mode of the locals given the initial globals, with the curvature of
-        the full-data log-density there (a Laplace approximation)."""
-
-        hybrid = self.hybrid
-        assert hybrid is not None
-        full_loglik = self._full_loglik(fns)
-
-        def init(position, data, fixed):
-            def loglik(z):
-                return full_loglik(position, fixed, data, z)
-
-            # q starts at the Laplace approximation of p(z | θ0, x).
-            mode = hybrid.conditional_mode(position, fixed, loglik)
-            at_mode = hybrid.layout.insert(fixed, mode)
-            curvature = hybrid.curvature(position, at_mode, loglik)
-            local = hybrid.init_local(position, at_mode, curvature)
-            return HybridState(kernel_init(position, data, fixed), local)
-
-        return init
-
-    def _make_freeze(self, fns: dict[str, Callable]) -> Callable:
-        """``freeze(state, data, fixed, key) -> state`` at the end of tuning
-        (:meth:`pymc_sgmcmc.variational.Hybrid.refine`)."""
-        import jax
-
-        hybrid = self.hybrid
-        assert hybrid is not None
-        full_loglik = self._full_loglik(fns)
-
-        def freeze(state, data, fixed, key):
-            theta = state.position
-            local = hybrid.refine(
-                theta,
-                state.local,
-                fixed,
-                lambda z: full_loglik(theta, fixed, data, z),
-                jax.random.fold_in(key, 4),
-            )
-            return HybridState(state.kernel, local)
-
-        return freeze
-
-    def _full_loglik(self, fns: dict[str, Callable]) -> Callable:
-        """``full_loglik(position, fixed, data, z)``: the full-data log-likelihood with the
-        locals at ``z``, in chunks of ``B`` laid-out rows (each row once)."""
-        import jax
-        import jax.numpy as jnp
-
-        hybrid = self.hybrid
-        assert hybrid is not None
-        b = self.batch_size
-        starts, masks = full_data_chunks(self.problem.data_size, b)
-        loglik_rows = fns["loglik_rows"]
-
-        def full_loglik(position, fixed, data, z):
-            with_z = hybrid.layout.insert(fixed, z)
-
-            def chunk(total, xs):
-                start, mask = xs
-                rows = tuple(jax.lax.dynamic_slice_in_dim(a, start, b, axis=0) for a in data)
-                return total + jnp.sum(mask * loglik_rows(position, with_z, rows)), None
-
-            total, _ = jax.lax.scan(chunk, jnp.zeros((), position.dtype), (starts, masks))
-            return total
-
-        return full_loglik
-
     def stop_tuning(self) -> None:
         super().stop_tuning()
         if self.hybrid is not None and self.freeze_locals and self.chain_state is not None:
@@ -1693,10 +1616,9 @@ class SGMCMCStep(Float64Methods, BlockedStep):
             # density, exp ELBO(θ).
             compiled = self._compile()
             key, state = self.chain_state
-            self.chain_state = (
-                key,
-                compiled["freeze"](state, compiled["data"], self._last_fixed, key),
-            )
+            theta = self._theta_mean if self.tuner is not None else None
+            data = compiled["data"]
+            self.chain_state = (key, compiled["freeze"](state, data, self._last_fixed, key, theta))
 
     def variational_parameters(self) -> dict[str, dict[str, np.ndarray]] | None:
         """q's parameters of the chain sampled last in this process, by local variable

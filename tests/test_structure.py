@@ -19,11 +19,11 @@ CLASS_LINES = 300
 # growing past it fails; shrinking a file lowers its ceiling in the same commit.
 OVERSIZE = {
     "step_methods.py": (
-        3100,
+        3025,
         "the steps' base class holds the draw bodies, tuning glue and variational glue; the "
         "re-founding (one engine, kernels that compose, a sampler registry) splits it",
     ),
-    "step_methods.py:SGMCMCStep": (2100, "as step_methods.py"),
+    "step_methods.py:SGMCMCStep": (2005, "as step_methods.py"),
     "bridge.py": (
         1175,
         "model -> JAX functions, with the ADVI-model reading and the data checks; to split "
