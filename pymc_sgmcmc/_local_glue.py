@@ -20,6 +20,23 @@ __all__ = ["LocalVariablesGlue"]
 class LocalVariablesGlue:
     """Methods of a step method with ``local_vars`` (see the module docstring)."""
 
+    @property
+    def freeze_locals(self) -> bool:
+        """Whether q is frozen for the draws (fitted on the full data while tuning, then
+        fixed). Unless ``freeze_locals=`` says: where q's updates are exact (every row in
+        every iteration) it keeps adapting; with minibatches their noise would pass into the
+        locals' draws, so ``"markov"`` (which follows the prior's parameters by construction)
+        is frozen, and ``"meanfield"`` (which follows the globals only by adapting) adapts.
+        The family is known once the step compiles (``"auto"`` resolves then)."""
+        if self._freeze_arg is not None:
+            return self._freeze_arg
+        hybrid = self.hybrid
+        return (
+            hybrid is not None
+            and self.batch_size < self.problem.data_size
+            and hybrid.family_name == "markov"
+        )
+
     def _hybrid_iteration(self, kernel_step: Callable) -> Callable:
         """The iteration with local variables: the kernel moves the globals along the
         gradient of the K-sample ELBO estimate; while tuning q takes a natural-gradient step

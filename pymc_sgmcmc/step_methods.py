@@ -261,9 +261,11 @@ class SGMCMCStep(Float64Methods, LocalVariablesGlue, BlockedStep):
         :mod:`pymc_sgmcmc.variational`. Locals whose leading axis is the data axis are
         minibatched with the data.
     local_family
-        ``"meanfield"`` (default) or ``"markov"`` (the locals' Gaussian prior precision given
-        the globals plus learned sites: follows the globals; for time-series paths and
-        Gaussian random effects). See :mod:`pymc_sgmcmc.variational`.
+        ``"markov"`` (the locals' Gaussian prior precision given the globals plus learned
+        sites: follows the globals; for time-series paths and Gaussian random effects),
+        ``"meanfield"``, or ``"auto"`` (default: ``"markov"`` where the locals' prior is
+        Gaussian with a tridiagonal precision, else ``"meanfield"``; resolved when the step
+        compiles). See :mod:`pymc_sgmcmc.variational`.
     num_mc_samples
         Reparameterised draws of the locals per gradient (default 2: one antithetic pair,
         which cost half of 4 on the volatility example for the same accuracy).
@@ -407,17 +409,7 @@ class SGMCMCStep(Float64Methods, LocalVariablesGlue, BlockedStep):
                 )
         n = self.problem.data_size
         self.batch_size = int(batch_size) if batch_size is not None else default_batch_size(n)
-        if freeze_locals is None:
-            # Adapt while sampling where q's targets are exact (every row in every
-            # iteration); with minibatches their noise would pass into the locals' draws, so
-            # "markov" (which follows the prior's parameters by construction) is frozen, and
-            # "meanfield" (which follows the globals only by adapting) keeps adapting.
-            freeze_locals = (
-                self.hybrid is not None
-                and self.batch_size < n
-                and self.hybrid.family_name == "markov"
-            )
-        self.freeze_locals = bool(freeze_locals)
+        self._freeze_arg = None if freeze_locals is None else bool(freeze_locals)
         self._theta_mean: np.ndarray | None = None  # where a frozen q is fit (_refit_locals)
         self._theta_count = 0
         if (
@@ -611,9 +603,11 @@ class SGMCMCStep(Float64Methods, LocalVariablesGlue, BlockedStep):
                 "local_vars cannot be combined with out-of-core data= or devices= yet: the "
                 "locals' variational parameters live with the chain on one device."
             )
-        family = "meanfield" if family is None else family
-        if family not in LOCAL_FAMILIES:
-            raise ValueError(f"local_family must be one of {LOCAL_FAMILIES}, got {family!r}.")
+        family = "auto" if family is None else family
+        if family not in (*LOCAL_FAMILIES, "auto"):
+            raise ValueError(
+                f"local_family must be one of {LOCAL_FAMILIES} or 'auto', got {family!r}."
+            )
         num_mc_samples = 2 if num_mc_samples is None else num_mc_samples
         if (
             isinstance(num_mc_samples, bool)

@@ -28,9 +28,10 @@ involve θ (mean-field, or the blog post's) fits :math:`p(z \mid \bar\theta, x)`
 gap grows as θ moves away from it. For a random-walk volatility path of T steps this makes
 :math:`\mathcal L` as curved in :math:`\log\sigma` as the *conditional* density given z —
 curvature ``2T`` — instead of the marginal's, so σ's posterior comes out far too narrow and
-shifted (the blog's SGLD + VI found σ ≈ 0.025 where NUTS finds ≈ 0.09). Two families:
+shifted (the blog's SGLD + VI found σ ≈ 0.025 where NUTS finds ≈ 0.09). Two families; the
+default (``"auto"``) is ``"markov"`` wherever the locals' prior allows it, else ``"meanfield"``:
 
-``"meanfield"`` (default)
+``"meanfield"``
     :math:`q(z) = \mathcal N(m, \operatorname{diag}(e^{2\omega}))`, φ = (m, ω), independent of
     θ: the classic Bayes-by-backprop family [3]_. Cheap and adequate when the locals are nearly
     independent of each other and of the globals a posteriori; otherwise the globals coupled
@@ -82,6 +83,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pymc_sgmcmc._tridiagonal import (
+    _colour_probes,
+    _tridiagonal_from_products,
+    _tridiagonal_inverse_diagonal,
+    _tridiagonal_matvec,
+    tridiagonal_cholesky,
+    tridiagonal_solve_lower,
+    tridiagonal_solve_upper,
+)
 from pymc_sgmcmc.errors import ModelNotSupportedError
 
 __all__ = [
@@ -94,90 +104,9 @@ __all__ = [
     "tridiagonal_solve_upper",
 ]
 
-LocalFamily = Literal["meanfield", "markov"]
+LocalFamily = Literal["meanfield", "markov", "auto"]
 LOCAL_FAMILIES = ("meanfield", "markov")
 MARKOV_CHECK_RTOL = 1e-6  # relative mismatch of a probed Hessian-vector product that fails
-
-
-# ---------------------------------------------------------------------------------------
-# Tridiagonal algebra (lower bidiagonal Cholesky factors), O(L)
-# ---------------------------------------------------------------------------------------
-
-
-def tridiagonal_cholesky(diag: jax.Array, sub: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Cholesky factor ``L`` (lower bidiagonal) of the SPD tridiagonal matrix with ``diag``
-    ``(n,)`` and sub-diagonal ``sub`` ``(n−1,)``: returns its diagonal ``l`` ``(n,)`` and
-    sub-diagonal ``c`` ``(n−1,)`` (``c[t−1] = L[t, t−1]``).
-
-    The pivots obey :math:`p_t = a_t - s_{t-1}^2 / p_{t-1}`: a sequential ``lax.scan``.
-    (An associative scan over the Möbius maps of the recurrence is exact too, and faster
-    alone, but inside the ELBO step on the 2 684-step volatility path the sequential scans
-    compiled in 4.8 s instead of 19.6 s and ran in 2.3 ms instead of 3.7 ms.) A matrix that
-    is not positive definite gives NaN, which the drivers report as a divergence.
-    """
-    if diag.shape[0] == 1:
-        return jnp.sqrt(diag), sub
-
-    def body(prev_pivot, xs):
-        a, s = xs
-        pivot = a - s * s / prev_pivot
-        return pivot, pivot
-
-    _, pivots = jax.lax.scan(body, diag[0], (diag[1:], sub))
-    pivots = jnp.concatenate([diag[:1], pivots])
-    l_diag = jnp.sqrt(pivots)
-    return l_diag, sub / l_diag[:-1]
-
-
-def _affine_scan(a: jax.Array, b: jax.Array, reverse: bool) -> jax.Array:
-    """``x_t = a_t x_{t∓1} + b_t`` (``x`` before the first element is 0) for every ``t``, by
-    a sequential ``lax.scan`` (see :func:`tridiagonal_cholesky` for why not an associative
-    one). ``a`` ``(n,)``; ``b`` ``(n, ...)``."""
-
-    def body(x, xs):
-        a_t, b_t = xs
-        x = a_t * x + b_t
-        return x, x
-
-    _, x = jax.lax.scan(body, jnp.zeros_like(b[0]), (a, b), reverse=reverse)
-    return x
-
-
-def tridiagonal_solve_lower(l_diag: jax.Array, c: jax.Array, rhs: jax.Array) -> jax.Array:
-    """``L⁻¹ rhs`` for the bidiagonal factor of :func:`tridiagonal_cholesky`; ``rhs`` is
-    ``(n,)`` or ``(n, k)``. :math:`y_t = (r_t - c_{t-1} y_{t-1}) / l_t`."""
-    shape = (-1,) + (1,) * (rhs.ndim - 1)
-    a = jnp.concatenate([jnp.zeros((1,), l_diag.dtype), -c / l_diag[1:]])
-    return _affine_scan(a, rhs / l_diag.reshape(shape), reverse=False)
-
-
-def tridiagonal_solve_upper(l_diag: jax.Array, c: jax.Array, rhs: jax.Array) -> jax.Array:
-    """``L⁻ᵀ rhs``: :math:`x_t = (r_t - c_t x_{t+1}) / l_t`."""
-    shape = (-1,) + (1,) * (rhs.ndim - 1)
-    a = jnp.concatenate([-c / l_diag[:-1], jnp.zeros((1,), l_diag.dtype)])
-    return _affine_scan(a, rhs / l_diag.reshape(shape), reverse=True)
-
-
-def _tridiagonal_matvec(diag: jax.Array, sub: jax.Array, v: jax.Array) -> jax.Array:
-    out = diag * v
-    out = out.at[1:].add(sub * v[:-1])
-    return out.at[:-1].add(sub * v[1:])
-
-
-def _colour_probes(size: int, dtype: Any) -> jax.Array:
-    """The three probes :math:`v_c = \\sum_{j \\equiv c \\bmod 3} e_j` that read a
-    tridiagonal matrix off three matrix-vector products."""
-    idx = jnp.arange(size)
-    return (idx[None, :] % 3 == jnp.arange(3)[:, None]).astype(dtype)
-
-
-def _tridiagonal_from_products(products: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``(diag, sub)`` of ``M`` from ``M v_c`` (``products[c]``) for the colour probes."""
-    size = products.shape[1]
-    idx = jnp.arange(size)
-    diag = products[idx % 3, idx]
-    sub = products[(idx[1:] - 1) % 3, idx[1:]]
-    return diag, sub
 
 
 # ---------------------------------------------------------------------------------------
@@ -336,13 +265,6 @@ class _Markov:
         return mean, jnp.sqrt(_tridiagonal_inverse_diagonal(l_diag, c))
 
 
-def _tridiagonal_inverse_diagonal(l_diag: jax.Array, c: jax.Array) -> jax.Array:
-    """``diag(Λ⁻¹)`` for ``Λ = L Lᵀ`` (bidiagonal ``L``): with ``W = L⁻¹``,
-    ``Σ_tt = Σ_j W_jt²``, accumulated backwards as ``s_t = 1/l_t² + (c_t/l_t)² s_{t+1}``."""
-    a = jnp.concatenate([(c / l_diag[:-1]) ** 2, jnp.zeros((1,), l_diag.dtype)])
-    return _affine_scan(a, 1.0 / l_diag**2, reverse=True)
-
-
 # ---------------------------------------------------------------------------------------
 # The hybrid: state, ELBO, natural-gradient updates of q, draws of the locals
 # ---------------------------------------------------------------------------------------
@@ -454,8 +376,17 @@ class Hybrid:
         self._prior_logp = prior_logp
         self._logdensity = logdensity
         z0 = np.asarray(layout.ravel(fixed0))
-        if self.family_name == "markov":
+        if self.family_name == "auto":
+            # The default: "markov" wherever the locals' prior allows it (it follows the
+            # globals; on radon "meanfield" was 4.4 sds off, "markov" right), else "meanfield".
+            try:
+                check_markov_prior(prior_logp, z0, theta0, tuple(fixed0), layout)
+                self.family_name = "markov"
+            except ModelNotSupportedError:
+                self.family_name = "meanfield"
+        elif self.family_name == "markov":
             check_markov_prior(prior_logp, z0, theta0, tuple(fixed0), layout)
+        if self.family_name == "markov":
             self.family = _Markov(layout, prior_logp, z0)
         else:
             self.family = _MeanField(layout, prior_logp, z0)

@@ -19,7 +19,7 @@ CLASS_LINES = 300
 # growing past it fails; shrinking a file lowers its ceiling in the same commit.
 OVERSIZE = {
     "step_methods.py": (
-        3025,
+        3020,
         "the steps' base class holds the draw bodies, tuning glue and variational glue; the "
         "re-founding (one engine, kernels that compose, a sampler registry) splits it",
     ),
@@ -39,9 +39,9 @@ OVERSIZE = {
         "implementation with its estimators side by side)",
     ),
     "variational.py": (
-        750,
-        "the hybrid, two families and their O(L) tridiagonal algebra; the families to a "
-        "module of their own",
+        680,
+        "the hybrid and its two families (the tridiagonal algebra is _tridiagonal.py); the "
+        "families to a module of their own",
     ),
 }
 

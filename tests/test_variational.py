@@ -190,9 +190,9 @@ def test_markov_locals_recover_the_exact_random_effects_posterior(sampler, mu_bi
 
 @pytest.mark.slow
 def test_meanfield_locals_get_the_means_right():
-    """The default family: q does not follow μ by construction (it adapts while sampling, and
-    the minibatch noise of its updates widens the effects' draws), so only the means are
-    asserted (acceptance)."""
+    """``"meanfield"`` (the default before "auto"): q does not follow μ by construction (it
+    adapts while sampling, and the minibatch noise of its updates widens the effects' draws),
+    so only the means are asserted (acceptance)."""
     model, mean, sd = grouped_effects(seed=4)
     with model:
         idata = pm.sample(
@@ -201,7 +201,7 @@ def test_meanfield_locals_get_the_means_right():
             chains=2,
             cores=1,
             random_seed=5,
-            step=pmsg.SGLD(local_vars=["u"]),
+            step=pmsg.SGLD(local_vars=["u"], local_family="meanfield"),
             progressbar=False,
             compute_convergence_checks=False,
         )
@@ -268,7 +268,9 @@ def test_inference_data_holds_locals_elbo_and_q():
 # ---------------------------------------------------------------------------------------
 
 
-def test_markov_needs_a_gaussian_tridiagonal_prior():
+def test_markov_needs_a_gaussian_tridiagonal_prior_and_is_the_default_where_it_has_one():
+    # local_family="markov" by name is refused where the prior does not allow it; the
+    # default ("auto") takes "markov" where it does and "meanfield" elsewhere.
     rng = np.random.default_rng(0)
     y = rng.normal(size=30)
     with pm.Model():
@@ -276,6 +278,9 @@ def test_markov_needs_a_gaussian_tridiagonal_prior():
         z = pm.GaussianRandomWalk("z", sigma=s, init_dist=pm.Normal.dist(0, 10), shape=30)
         pm.Normal("y", z, 1.0, observed=y)
         pmsg.SGLD(local_vars=["z"], local_family="markov")._compile()  # a random walk: fine
+        default = pmsg.SGLD(local_vars=["z"], batch_size=10)
+        default._compile()
+        assert default.hybrid.family_name == "markov" and default.freeze_locals
     cov = 0.5 * np.ones((30, 30)) + 0.5 * np.eye(30)
     with pm.Model():
         z = pm.MvNormal("z", np.zeros(30), cov)
@@ -283,12 +288,18 @@ def test_markov_needs_a_gaussian_tridiagonal_prior():
         pm.Normal("y", z + m, 1.0, observed=y)
         with pytest.raises(ModelNotSupportedError, match="not neighbours"):
             pmsg.SGLD(local_vars=["z"], local_family="markov")._compile()
+        default = pmsg.SGLD(local_vars=["z"], batch_size=10)
+        default._compile()
+        assert default.hybrid.family_name == "meanfield" and not default.freeze_locals
     with pm.Model():
         z = pm.HalfNormal("z", 1, shape=30)
         m = pm.Normal("m", 0, 1)
         pm.Normal("y", z + m, 1.0, observed=y)
         with pytest.raises(ModelNotSupportedError, match="not Gaussian"):
             pmsg.SGLD(local_vars=["z"], local_family="markov")._compile()
+        default = pmsg.SGLD(local_vars=["z"])
+        default._compile()
+        assert default.hybrid.family_name == "meanfield"
 
 
 def test_local_options_are_validated():

@@ -374,8 +374,9 @@ CASES: list[Case] = [
         "hier",
         "SGLD",
         1,
-        'SGLD(local_vars=["u"]) (local_family="meanfield")',
+        'SGLD(local_vars=["u"], local_family="meanfield")',
         local_vars=["u"],
+        local_family="meanfield",
     ),
     _case_pm(
         "pm-sgld-markov-hier-s1",
