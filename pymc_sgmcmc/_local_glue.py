@@ -22,9 +22,9 @@ class LocalVariablesGlue:
 
     @property
     def freeze_locals(self) -> bool:
-        """Whether q is frozen for the draws (fitted on the full data while tuning, then
-        fixed). Unless ``freeze_locals=`` says: where q's updates are exact (every row in
-        every iteration) it keeps adapting; with minibatches their noise would pass into the
+        """Whether q is frozen for the draws (fitted on the full data, then fixed). Unless
+        ``freeze_locals=`` says: where q's updates are exact (every row in every iteration)
+        it keeps adapting; with minibatches their noise would pass into the
         locals' draws, so ``"markov"`` (which follows the prior's parameters by construction)
         is frozen, and ``"meanfield"`` (which follows the globals only by adapting) adapts.
         The family is known once the step compiles (``"auto"`` resolves then)."""
@@ -39,8 +39,8 @@ class LocalVariablesGlue:
 
     def _hybrid_iteration(self, kernel_step: Callable) -> Callable:
         """The iteration with local variables: the kernel moves the globals along the
-        gradient of the K-sample ELBO estimate; while tuning q takes a natural-gradient step
-        (:meth:`pymc_sgmcmc.variational.Hybrid.step`)."""
+        gradient of the K-sample ELBO estimate; q takes a natural-gradient step where its
+        rate is not zero (:meth:`pymc_sgmcmc.variational.Hybrid.step`)."""
         import jax
 
         hybrid = self.hybrid
@@ -79,8 +79,9 @@ class LocalVariablesGlue:
         return init
 
     def _make_freeze(self, fns: dict[str, Callable]) -> Callable:
-        """``freeze(state, data, fixed, key) -> state`` at the end of tuning
-        (:meth:`pymc_sgmcmc.variational.Hybrid.refine`)."""
+        """``freeze(state, data, fixed, key, theta=None) -> state``: q refit on the full data
+        at ``theta`` (default the chain's position;
+        :meth:`pymc_sgmcmc.variational.Hybrid.refine`)."""
         import jax
 
         hybrid = self.hybrid
@@ -134,17 +135,24 @@ class LocalVariablesGlue:
         tuner = self.tuner
         if self.hybrid is None or not self.freeze_locals or tuner is None:
             return state
-        # The mean position over about the last half of tuning (at most AVERAGE_HORIZON
-        # draws), where q is refit for the draws: at the last tuning position instead, q's
-        # sites held one draw's β, and β came out 0.12-0.14 sd off.
+        # The mean position over about the last half of the tuning draws (weights as q's
+        # average over iterations, AVERAGE_HORIZON), where q is refit for the draws: at the
+        # last tuning position instead, q's sites held one draw's β, and β came out 0.12-0.14
+        # sd off.
         position = np.asarray(state.position)
         if int(state.iteration) == 0 or self._theta_mean is None:
-            self._theta_mean, self._theta_count = position, 0
+            self._theta_mean, self._theta_count, self._last_refit = position, 0, 0
         self._theta_count += 1
         weight = 1.0 / min(1.0 + self._theta_count / 2.0, AVERAGE_HORIZON)
         self._theta_mean = self._theta_mean + weight * (position - self._theta_mean)
         if not tuner.wants_measurement(bool(self.tune)):
             return state
+        if tuner.follow:
+            # Variational EM measures at every tuning draw; refit on a geometric schedule
+            # (each refit costs ~2·K·4 data passes, not counted in data_passes).
+            if self._theta_count > 8 and self._theta_count < 1.25 * self._last_refit:
+                return state
+            self._last_refit = self._theta_count
         compiled = self._compile()
         state = compiled["freeze"](state, compiled["data"], fixed, key, state.position)
         self.chain_state = (self.chain_state[0], state)

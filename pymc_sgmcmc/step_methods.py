@@ -271,7 +271,8 @@ class SGMCMCStep(Float64Methods, LocalVariablesGlue, BlockedStep):
         which cost half of 4 on the volatility example for the same accuracy).
     local_learning_rate
         ρ ∈ (0, 1], the natural-gradient step of ``q``'s parameters (a float or a schedule of
-        the iteration; default 1 with ``batch_size = N``, else 0.1).
+        the iteration; default 1 with ``batch_size = N``, else 0.1). Unused where q is frozen
+        and the step is tuned automatically: q is then refit on the full data instead.
     freeze_locals
         ``False``: ``q`` keeps taking natural-gradient steps while sampling, so that it
         follows the globals — needed wherever the likelihood's own parameters (a StudentT's ν)
@@ -411,7 +412,7 @@ class SGMCMCStep(Float64Methods, LocalVariablesGlue, BlockedStep):
         self.batch_size = int(batch_size) if batch_size is not None else default_batch_size(n)
         self._freeze_arg = None if freeze_locals is None else bool(freeze_locals)
         self._theta_mean: np.ndarray | None = None  # where a frozen q is fit (_refit_locals)
-        self._theta_count = 0
+        self._theta_count = self._last_refit = 0
         if (
             devices is not None
             and devices not in ("all", "chains")
@@ -1582,7 +1583,7 @@ class SGMCMCStep(Float64Methods, LocalVariablesGlue, BlockedStep):
     def _draw_params(self, iteration: int) -> dict[str, Any]:
         """Everything the compiled draw takes as ``params`` for the draw starting at
         ``iteration``: the sampler's own (:meth:`_params`), the divergence reference loss
-        and, with ``local_vars``, q's learning rate (zero after tuning: q is frozen)."""
+        and, with ``local_vars``, q's learning rate (zero for a frozen q, see below)."""
         dtype = self.problem.dtype
         params = self._params(iteration)
         params["ref_loss"] = np.asarray(self._ref_loss, dtype=dtype)
@@ -1590,9 +1591,10 @@ class SGMCMCStep(Float64Methods, LocalVariablesGlue, BlockedStep):
             self._setup_check()
         params.update(self._check_params())
         if self.hybrid is not None:
-            # A frozen q is refit on the full data before each tuning measurement instead
-            # (_refit_locals): minibatch updates would leave noise in it.
-            adapting = not self.freeze_locals
+            # A frozen q takes no minibatch steps: with a tuner it is refit on the full data
+            # before tuning measurements (_refit_locals); without one (a fixed step) it adapts
+            # while tuning and is refit from its average at the end.
+            adapting = not self.freeze_locals or (self.tune and self.tuner is None)
             rate = float(self.hybrid.learning_rate(iteration)) if adapting else 0.0
             if not 0.0 <= rate <= 1.0:
                 raise ValueError(
@@ -1605,9 +1607,9 @@ class SGMCMCStep(Float64Methods, LocalVariablesGlue, BlockedStep):
     def stop_tuning(self) -> None:
         super().stop_tuning()
         if self.hybrid is not None and self.freeze_locals and self.chain_state is not None:
-            # q is frozen (refined on the full data from its average over the last tuning
-            # iterations): the sampling draws of the globals then come from one fixed
-            # density, exp ELBO(θ).
+            # q is frozen (refit on the full data at the tuning draws' mean position, or
+            # without a tuner at the last one from q's running average): the sampling draws
+            # of the globals then come from one fixed density, exp ELBO(θ).
             compiled = self._compile()
             key, state = self.chain_state
             theta = self._theta_mean if self.tuner is not None else None

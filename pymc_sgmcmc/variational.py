@@ -18,8 +18,9 @@ the same draws (:class:`Hybrid`), so that q keeps following the globals and θ i
 from :math:`\max_\phi \mathcal L(\theta, \phi)` — as in stochastic variational inference
 [2]_ with the global step replaced by an SG-MCMC one. Each saved θ is paired with one draw
 :math:`z \sim q_\phi(\cdot \mid \theta)`. q starts at the Laplace approximation of
-:math:`p(z \mid \theta_0, x)`. With ``freeze_locals=True`` φ is instead refined with
-full-data steps and frozen at the end of tuning.
+:math:`p(z \mid \theta_0, x)`. A q frozen for the draws (``freeze_locals``) takes no
+minibatch steps under automatic tuning: it is refit with full-data steps at the chain's
+position before each tuning measurement, and at the tuning draws' mean at the end.
 
 Why the family must follow θ. :math:`\max_\phi \mathcal L(\theta, \phi) = \log p(\theta, x) -
 \min_\phi \mathrm{KL}(q_\phi \,\|\, p(z \mid \theta, x))`: the globals are sampled from their
@@ -334,7 +335,7 @@ class Hybrid:
     layout
         Where the locals sit in the problem's ``fixed`` values.
     family
-        ``"meanfield"`` or ``"markov"`` (see the module docstring).
+        ``"meanfield"``, ``"markov"`` or ``"auto"`` (resolved by :meth:`build`).
     num_mc_samples
         ``K``, reparameterised draws per estimate, in antithetic pairs (:meth:`draw_eps`).
     learning_rate

@@ -181,8 +181,8 @@ class SamplePath:
 
 
 # The statistical tests run through one driver: the two give the same draws (to 1e-9) for the
-# same seed — every sampler, temperature and the hyperparameter tuning are checked draw for
-# draw in test_sampling.py (test_same_seed_same_draws_as_pm_sample) — so a second run of each
+# same seed — every sampler, temperature and local variables are checked draw for draw in
+# test_sampling.py (test_same_seed_same_draws_as_pm_sample) — so a second run of each
 # statistical test through the other driver tested nothing new and cost ~3 minutes of CI.
 # pmsg.sample is the faster of the two (the chains vmapped). A test that exercises something
 # only one driver does parametrizes ``sample_path`` itself (``indirect=True``).

@@ -213,7 +213,7 @@ def test_two_processes_draw_what_one_process_with_their_pieces_draws(draws):
     # devices; and every row on every host with devices="all" against devices=4. Same seed,
     # same layout, so the same draws up to the order of the gradient's four-term sum: one
     # process adds its four devices' terms in one tree, two processes add two and two and
-    # then across. Measured: the IASG draws (2 chains x 310) differ by at most 4.6e-10
+    # then across. Measured: the IASG draws (2 chains x 310, once) differed by at most 4.6e-10
     # relative, the last bits of each sum carried through the chain; with two shards (one
     # device per process) the draws were bit-identical. Tolerance 1e-8.
     sim, (p0, p1) = draws

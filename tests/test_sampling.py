@@ -96,6 +96,24 @@ def test_same_seed_same_draws_as_pm_sample(model, name):
     np.testing.assert_array_equal(b.sample_stats["diverging"], a.sample_stats["diverging"])
 
 
+@pytest.mark.parametrize("family", ["markov", "meanfield"])
+def test_local_variables_draw_what_pm_sample_draws(family):
+    # The statistical tests of local variables run through pm.sample, the others through
+    # pmsg.sample: the two draw the same here too (a frozen markov q, refit during tuning,
+    # and a meanfield q that keeps adapting).
+    rng = np.random.default_rng(2)
+    g = rng.integers(0, 6, 600)
+    y = rng.normal(0.3 * g, 1.0)
+    with pm.Model() as hier:
+        mu = pm.Normal("mu", 0.0, 1.0)
+        u = pm.Normal("u", mu, 0.5, shape=6)
+        pm.Normal("y", u[pm.Data("g", g)], 1.0, observed=y)
+    make = lambda: pmsg.SGLD(local_vars=["u"], local_family=family, batch_size=100)  # noqa: E731
+    a, b = _both(hier, make, **SMALL)
+    for name in ("mu", "u"):
+        np.testing.assert_allclose(b.posterior[name], a.posterior[name], rtol=1e-9, atol=0)
+
+
 def test_a_step_sampled_again_draws_what_a_fresh_one_draws(model):
     # pmsg.sample leaves the step holding its last chain's tuner; a second run must tune this
     # step, not that chain's copy (SGHMC's friction once stayed at 1 in the second run while

@@ -322,8 +322,8 @@ def test_local_options_are_validated():
 @pytest.mark.slow
 def test_a_frozen_q_is_fit_where_the_chain_samples_on_radon():
     """Radon (12 573 rows, 386 county intercepts local, the markov q frozen for the draws),
-    ConstantSGD with default arguments, against posteriordb's reference by the correctness
-    table's rule (``verdict``: 0.1 sd and 10%, widened by Bonferroni-z Monte Carlo standard
+    ConstantSGD with default arguments but the family named, against posteriordb's reference
+    by the correctness table's rule (``verdict``: 0.1 sd and 10%, widened by Bonferroni-z Monte Carlo standard
     errors). While q was updated from minibatches through tuning and fit on the full data only
     at its end, the tuning chain sat ~5 posterior sds low in log σ_α and measured the gradient
     noise there, 2.8x what the draws then saw: the sds of μ_α and σ_α came out 0.63x. Now q is
@@ -345,3 +345,35 @@ def test_a_frozen_q_is_fit_where_the_chain_samples_on_radon():
     scored = score(idata, reference(name), names=["mu_alpha", "sigma_alpha", "sigma_y", "beta"])
     result = verdict("ConstantSGD", scored)
     assert result["pass"], (result["failures"], scored["table"])
+
+
+def test_a_frozen_q_without_automatic_tuning_still_adapts_while_tuning():
+    # A fixed step has no tuner, hence no tuning measurements to refit q at: q then adapts
+    # by minibatch steps while tuning, as before (found by review: it stayed at its start).
+    rng = np.random.default_rng(0)
+    y = rng.poisson(3, size=200)
+    with pm.Model():
+        s = pm.HalfNormal("s", 0.3)
+        z = pm.GaussianRandomWalk("z", sigma=s, init_dist=pm.Normal.dist(1, 1), shape=200)
+        pm.Poisson("y", pm.math.exp(z), observed=y)
+        step = pmsg.ConstantSGD(step_size=1e-3, local_vars=["z"], batch_size=50)
+        seen = {}
+        stop = step.stop_tuning
+
+        def spy():
+            seen["count"] = int(step.chain_state[1].local["count"])
+            stop()
+
+        step.stop_tuning = spy
+        pm.sample(
+            step=step,
+            draws=2,
+            tune=20,
+            chains=1,
+            cores=1,
+            random_seed=1,
+            progressbar=False,
+            compute_convergence_checks=False,
+        )
+    assert step.tuner is None and step.freeze_locals and step.hybrid.family_name == "markov"
+    assert seen["count"] == 20 * step.thin
