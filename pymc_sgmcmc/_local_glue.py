@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from pymc_sgmcmc.minibatch import full_data_chunks
+from pymc_sgmcmc.tuning.tuner import MEASURE_EVERY_FIRST, MEASURE_GROWTH
 from pymc_sgmcmc.variational import AVERAGE_HORIZON, HybridState
 
 __all__ = ["LocalVariablesGlue"]
@@ -150,9 +151,10 @@ class LocalVariablesGlue:
         if tuner.follow:
             # Variational EM measures at every tuning draw; refit on a geometric schedule
             # (each refit costs ~2·K·4 data passes, not counted in data_passes).
-            if self._theta_count > 8 and self._theta_count < 1.25 * self._last_refit:
+            count = self._theta_count
+            if count > MEASURE_EVERY_FIRST and count < MEASURE_GROWTH * self._last_refit:
                 return state
-            self._last_refit = self._theta_count
+            self._last_refit = count
         compiled = self._compile()
         state = compiled["freeze"](state, compiled["data"], fixed, key, state.position)
         self.chain_state = (self.chain_state[0], state)

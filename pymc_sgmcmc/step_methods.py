@@ -79,12 +79,7 @@ from pymc_sgmcmc.tuning.averaging import chunked_gradient_noise
 from pymc_sgmcmc.tuning.rates import Rates, iasg_rule, iasg_window, langevin_rule
 from pymc_sgmcmc.tuning.tuner import Measurement, Tuned, Tuner
 from pymc_sgmcmc.tuning.whitening import DENSE_MAX_DIM, Whitening, psd_sqrt
-from pymc_sgmcmc.variational import (
-    LOCAL_FAMILIES,
-    Hybrid,
-    HybridState,
-    LocalLayout,
-)
+from pymc_sgmcmc.variational import LOCAL_FAMILIES, Hybrid, HybridState, LocalLayout
 
 __all__ = ["IASG", "SGLD", "ConstantSGD", "SGMCMCStep"]
 

@@ -19,7 +19,7 @@ CLASS_LINES = 300
 # growing past it fails; shrinking a file lowers its ceiling in the same commit.
 OVERSIZE = {
     "step_methods.py": (
-        3020,
+        3015,
         "the steps' base class holds the draw bodies, tuning glue and variational glue; the "
         "re-founding (one engine, kernels that compose, a sampler registry) splits it",
     ),
