@@ -18,14 +18,17 @@ from pymc_sgmcmc._hooks import install as _install_hooks
 from pymc_sgmcmc._precision import float64_scope
 from pymc_sgmcmc.bridge import MinibatchProblem, build_problem
 from pymc_sgmcmc.compare import compare, plot_compare
+from pymc_sgmcmc.constant_sgd import ConstantSGD
 from pymc_sgmcmc.distributed import RowShard
 from pymc_sgmcmc.errors import DataShapeError, DivergenceError, ModelNotSupportedError
+from pymc_sgmcmc.iasg import IASG
 from pymc_sgmcmc.model_checking import ElpdDifference, LooSubsample, log_likelihood, loo_subsample
 from pymc_sgmcmc.recording import DrawWriter, read_draws
 from pymc_sgmcmc.sampling import sample
 from pymc_sgmcmc.sgfs import SGFS
 from pymc_sgmcmc.sghmc import SGHMC
-from pymc_sgmcmc.step_methods import IASG, SGLD, ConstantSGD, SGMCMCStep
+from pymc_sgmcmc.sgld import SGLD
+from pymc_sgmcmc.step_methods import SGMCMCStep
 from pymc_sgmcmc.variance_reduced import SAGALD, SVRGLD
 
 __version__ = "0.1.0"

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from pymc_sgmcmc.step_methods import ConstantSGD
+from pymc_sgmcmc.constant_sgd import ConstantSGD
 from pymc_sgmcmc.tuning.rates import Rates
 
 __all__ = ["SGFS", "sgfs_noise_floor"]

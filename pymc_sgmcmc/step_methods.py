@@ -12,7 +12,7 @@ calling process, whatever ``cores`` (see :mod:`pymc_sgmcmc._multiprocessing`).
 from __future__ import annotations
 
 import dataclasses
-import functools
+import importlib
 import inspect
 import json
 import math
@@ -27,11 +27,12 @@ from pymc.step_methods.compound import BlockedStep, Competence, StepMethodState
 from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator
 
+from pymc_sgmcmc._check_glue import SelfCheckGlue
 from pymc_sgmcmc._local_glue import LocalVariablesGlue
 from pymc_sgmcmc._precision import Float64Methods
 from pymc_sgmcmc._runtime import current_chain
+from pymc_sgmcmc._tuning_glue import AutomaticTuning, ExactMALA, ModeSearch
 from pymc_sgmcmc.bridge import MinibatchProblem, build_problem, check_finite_rows
-from pymc_sgmcmc.diagnostics import MAX_CHECKED, check_indices, predicted_sd_ratio
 from pymc_sgmcmc.distributed import (
     RowShard,
     ShardLayout,
@@ -39,52 +40,37 @@ from pymc_sgmcmc.distributed import (
     gather_layout,
     process_count,
 )
+from pymc_sgmcmc.draws import DrawPlan, ShardedData, draw_functions
 from pymc_sgmcmc.errors import (
     DataShapeError,
     DivergenceError,
     ModelNotSupportedError,
     non_finite_rows,
 )
-from pymc_sgmcmc.kernels import mala, sgd, sgld
-from pymc_sgmcmc.kernels.preconditioning import apply_preconditioner
 from pymc_sgmcmc.minibatch import (
     MinibatchScheme,
     block_rows,
     draw_minibatch,
-    full_data_chunks,
     layout_data,
     minibatch_indices,
-    minibatch_row_ids,
-    noise_factor,
-    take_minibatch,
 )
 from pymc_sgmcmc.out_of_core import CHUNK_ROWS, as_row_source, is_in_memory, with_data
-from pymc_sgmcmc.schedules import Schedule, as_schedule, polynomial_decay
+from pymc_sgmcmc.schedules import Schedule, as_schedule
 from pymc_sgmcmc.sharding import (
     resolve_devices,
     shard_data,
     shard_rows,
-    sharded_gradient_noise,
     sharded_loglik,
-    sharded_uniform_rows,
-)
-from pymc_sgmcmc.tuning import (
-    NoiseEstimate,
-    gradient_noise,
-    lanczos_extremes,
-    sgld_step_size,
 )
 from pymc_sgmcmc.tuning.adaptation import StepSizeAdaptation, initial_mala_step
-from pymc_sgmcmc.tuning.averaging import chunked_gradient_noise
-from pymc_sgmcmc.tuning.rates import Rates, iasg_rule, iasg_window, langevin_rule
-from pymc_sgmcmc.tuning.tuner import Measurement, Tuned, Tuner
-from pymc_sgmcmc.tuning.whitening import DENSE_MAX_DIM, Whitening, psd_sqrt
-from pymc_sgmcmc.variational import LOCAL_FAMILIES, Hybrid, HybridState, LocalLayout
+from pymc_sgmcmc.tuning.measurements import measurement_functions
+from pymc_sgmcmc.tuning.tuner import Tuned, Tuner
+from pymc_sgmcmc.tuning.whitening import DENSE_MAX_DIM
+from pymc_sgmcmc.variational import LOCAL_FAMILIES, Hybrid, LocalLayout
 
-__all__ = ["IASG", "SGLD", "ConstantSGD", "SGMCMCStep"]
+__all__ = ["SGMCMCStep"]
 
 DEFAULT_BATCH_SIZE = 256  # the smallest default minibatch (see default_batch_size)
-CONSTANT_SGD_STEP_CAP = 0.25  # whitened units: the discretisation limit on skewed posteriors
 LANGEVIN_STEP_CAP = 0.25
 LANGEVIN_NOISE_SHARE = (
     0.25  # SGLD, SAGA-LD, SVRG-LD: at most a quarter of the noise is the gradient's
@@ -92,11 +78,6 @@ LANGEVIN_NOISE_SHARE = (
 FULL_BATCH_MAX_ROWS = 4096
 """Up to this many rows the default minibatch is the whole data set (see default_batch_size)."""
 MALA_THIN = 4  # MALA iterations per saved draw by default (full batch)
-EXACT_DIAG_MAX_DIM = 64
-SEARCH_TRUST = 1000.0  # the longest Newton step of the search, in posterior sds
-SEARCH_LOG_STEP = 2.0  # ... and in the unconstrained value of a transformed variable
-MAX_RELAXATION_CHECK_DIM = 400  # IASG's end-of-tuning check of its slowest direction
-NOISE_REPEATS = 16  # ELBO gradients whose covariance is the noise estimate with local_vars
 SEARCH_ALL_ROWS = 16_384  # the search for the mode uses every row up to this many
 SEARCH_ROWS = 4096  # else a block of at least this many rows
 # ... and every row (in memory, while rows x dimensions stays below TUNING_ALL_ROWS_WORK)
@@ -112,22 +93,9 @@ SEARCH_ROWS = 4096  # else a block of at least this many rows
 # row would cost more than the sampling it tunes.
 TUNING_ALL_ROWS_WORK = 2**26
 SPARSE_ROWS = 64
-NOISE_CHUNK_WORK = 2**22  # per-example gradients are computed this many row x dims at a time
-ROW_POWER_ITERATIONS = 6  # per-row power iteration of the row stiffness (rank-1 rows: 1 is exact)
-SEARCH_ITERATIONS = (
-    100  # flat priors, x ~ 100 ± 15, N = 10⁶: 50 stopped at σ 0.57 (5.0); 100 reach it
-)
 UNROLL_MAX_WORK = 20_000  # batch_size x dimension below which the draw's scan is unrolled
 DIVERGENCE_RETRIES = 6  # tuning draws redone at a halved step before giving up
 DIVERGENCE_SHRINK = 0.5
-# A draw whose final minibatch loss exceeds the previous draw's by more than
-# max(LOSS_JUMP_ABS, LOSS_JUMP_REL * |previous|) is diverging too: an unstable step grows the
-# position geometrically and is caught here within a few iterations, long before it
-# overflows — in time for a retry at a smaller step from a state still near the posterior.
-# (The jump is ~10¹⁰ squared posterior sds; the minibatch loss of a stationary chain moves
-# by about N/√B per-row sds.)
-LOSS_JUMP_ABS = 1e10
-LOSS_JUMP_REL = 1e4
 
 
 def default_batch_size(data_size: int) -> int:
@@ -209,7 +177,15 @@ class SGMCMCStepState(StepMethodState):
     tune: bool = True
 
 
-class SGMCMCStep(Float64Methods, LocalVariablesGlue, BlockedStep):
+class SGMCMCStep(
+    Float64Methods,
+    LocalVariablesGlue,
+    AutomaticTuning,
+    ModeSearch,
+    ExactMALA,
+    SelfCheckGlue,
+    BlockedStep,
+):
     """Base class of the stochastic-gradient step methods (not used directly).
 
     Parameters
@@ -720,10 +696,6 @@ class SGMCMCStep(Float64Methods, LocalVariablesGlue, BlockedStep):
     def _reset_tuning(self) -> None:
         """Forget tuned quantities at the start of a chain."""
 
-    def _tune_draw(self, state: Any, fixed: tuple, key: Any) -> None:
-        """Called before each tuning draw with the chain's kernel state (JAX arrays;
-        ``state.position`` is the position)."""
-
     def _retune(self) -> None:
         """Recompute the tuned step after ``self._shrink`` changed (a diverged tuning draw is
         retried at a smaller step). Samplers whose ``_params`` apply the factor directly
@@ -777,6 +749,9 @@ class SGMCMCStep(Float64Methods, LocalVariablesGlue, BlockedStep):
 
     # -- compilation ----------------------------------------------------------------------------
     def _compile(self) -> dict[str, Any]:
+        """The step's compiled functions (built on the first draw, kept): the draw
+        (:mod:`pymc_sgmcmc.draws`), the tuning's measurements
+        (:mod:`pymc_sgmcmc.tuning.measurements`), the chain's init and the data they run on."""
         if self._compiled is not None:
             return self._compiled
         import jax
@@ -791,23 +766,35 @@ class SGMCMCStep(Float64Methods, LocalVariablesGlue, BlockedStep):
             if self.devices not in (None, 1, "chains") and self._shard_layout is None
             else None
         )
-        sharded = devices is not None and len(devices) > 1
+        mesh = shard_sizes = None
         if self._shard_layout is not None:
             # Rows held as shards (one per process, or several in this one).
             arrays, n_local, shard_sizes, mesh = shard_rows(
                 problem.data, self._shard_layout, b, scheme
             )
             devices = list(mesh.devices.flat)
-            sharded = True
             data = (arrays, n_local)
         elif streaming:
             data = None  # read chunk by chunk on the host (pymc_sgmcmc.out_of_core)
-        elif sharded:
+        elif devices is not None and len(devices) > 1:
             # (rows sharded over the devices, each device's row count): see pymc_sgmcmc.sharding
             arrays, n_local, shard_sizes, mesh = shard_data(problem.data, b, scheme, devices)
             data = (arrays, n_local)
         else:
             data = tuple(jnp.asarray(a) for a in layout_data(problem.data, b, scheme))
+        sharded = None
+        if mesh is not None:
+            n_min = int(shard_sizes.min())
+            local_b = b // len(devices)
+            sharded = ShardedData(
+                mesh=mesh,
+                shard_sizes=shard_sizes,
+                devices=devices,
+                loglik=sharded_loglik(fns["loglik_rows"], mesh, n_min, local_b, scheme),
+                per_device=minibatch_indices(jax.random.PRNGKey(0), n_min, local_b, scheme).shape[
+                    -1
+                ],
+            )
         kernel_init, kernel_step = self._kernel()
 
         # Small iterations are dominated by the loop's own overhead on CPU; unrolling the scan
@@ -816,7 +803,6 @@ class SGMCMCStep(Float64Methods, LocalVariablesGlue, BlockedStep):
         # Not with local variables: their iteration is heavy, and unrolling multiplied the
         # compile time of its ELBO gradient.
         unroll = 4 if self._unroll_scan and thin >= 4 and small and self.hybrid is None else 1
-        logdensity = fns["logdensity"]
         iteration = self._make_iteration(fns, kernel_step, data)
         init = self._make_init(fns, kernel_init)
         start_draw, mix_normals = self._start_draw, self._mix_normals
@@ -830,265 +816,39 @@ class SGMCMCStep(Float64Methods, LocalVariablesGlue, BlockedStep):
         if hybrid is not None:
             ip = problem.model.initial_point()
             batch0 = None
-            if not streaming and not sharded:
+            if not streaming and sharded is None:
                 batch0 = draw_minibatch(jax.random.PRNGKey(0), data, n, b, scheme)
             hybrid.build(fns, problem.fixed_values(ip), jnp.asarray(problem.ravel(ip)), batch0)
             iteration = self._hybrid_iteration(kernel_step)
             init = self._hybrid_init(fns, init)
+        plan = DrawPlan(
+            fns=fns,
+            n=n,
+            b=b,
+            thin=thin,
+            scheme=scheme,
+            dim=problem.dim,
+            unroll=unroll,
+            iteration=iteration,
+            kernel_step=kernel_step,
+            start_draw=start_draw,
+            mix_normals=mix_normals,
+            plain_mix_normals=self._mix_normals,
+            extra_normals=extra_normals,
+            draw_stats=self._draw_stats,
+            emit=self._emit,
+            hybrid=hybrid,
+            exact=self.exact,
+            check_idx=jnp.asarray(self._check_indices()),
+            local_idx=jnp.asarray(self._check_local_indices()),
+            row_locals=bool(problem.row_local_names),
+        )
+        draws = draw_functions(plan, sharded)
 
-        def finish(
-            state,
-            position_sum,
-            grad_sum,
-            loss_fn,
-            grad_norms,
-            step_size,
-            fixed,
-            params,
-            emit_key,
-            acceptance=None,
-        ):
-            """The end of a draw: variational EM's step, the loss, divergence, stats and the
-            saved draw (:meth:`_emit`)."""
-            if "hyper_step" in params:
-                # Variational EM: one Robbins–Monro step per draw with the draw's mean
-                # gradient; the hyperparameters stay fixed within the draw, so the sampled
-                # coordinates see the prior their step size and noise were tuned for.
-                # Point-estimated coordinates ascend the density without their transform's
-                # Jacobian (see ConstantSGD's hyper_vars). Its gradient along a hyper variable
-                # depends on that variable only, which is fixed within the draw: once here.
-                jac = jax.grad(fns["log_jacobian"])(state.position, fixed)
-                ascent = grad_sum / thin - params["hyper_mask"] * jac
-                position = state.position + params["hyper_step"] * ascent
-                state = state._replace(position=position)
-            # The log-density value only once per draw: at the final position, on the last
-            # minibatch (evaluating it every iteration cost up to 85% more than the gradient).
-            loss = loss_fn(state.position)
-            # Divergence: a non-finite gradient at some inner iteration (a non-finite
-            # position shows up in the next iteration's gradient), the final position or loss.
-            grad_ok = jnp.isfinite(grad_norms)
-            finite = jnp.all(jnp.isfinite(state.position)) & jnp.isfinite(loss) & jnp.all(grad_ok)
-            ref = params["ref_loss"]
-            limit = jnp.maximum(LOSS_JUMP_ABS, LOSS_JUMP_REL * jnp.abs(ref))
-            exploded = jnp.isfinite(ref) & (loss - ref > limit)
-            stats = {
-                "step_size": step_size,
-                "minibatch_loss": loss,
-                "grad_norm": jnp.mean(grad_norms),
-                "diverging": ~finite | exploded,
-                "first_nonfinite": jnp.where(jnp.all(grad_ok), thin, jnp.argmin(grad_ok)),
-                "acceptance_rate": jnp.nan if acceptance is None else jnp.mean(acceptance),
-            }
-            stats.update(self._draw_stats(state, fixed, params))
-            emitted = self._emit(state, position_sum / thin, emit_key, fixed)
-            if hybrid is not None:
-                # Each saved draw of the globals is paired with a draw of the locals from q.
-                params_q = state.local["params"]
-                local_draw = hybrid.draw_locals(emitted, params_q, fixed, emit_key)
-                emitted = jnp.concatenate([emitted, local_draw.astype(emitted.dtype)])
-            return state, emitted, stats
-
-        check_idx = jnp.asarray(self._check_indices())
-        local_idx = jnp.asarray(self._check_local_indices())
-        dim = problem.dim
-        loglik_rows = fns["loglik_rows"]
-        prior_grad = jax.grad(fns["logprior"])
-
-        def batch_grad(position, fixed, batch):
-            return jax.grad(lambda th: jnp.sum(loglik_rows(th, fixed, batch)))(position)
-
-        def check_terms(state, emitted, fixed, data, params, key):
-            """``[θ_k, (A⁻¹∇log p(θ))_k]`` at the saved draw for the checked coordinates
-            (:mod:`pymc_sgmcmc.diagnostics`): the exact gradient for MALA; else a minibatch
-            estimate with an SVRG control variate at the centre (whose full-data gradient
-            ``check_grad`` was taken once after tuning), or with local variables the joint
-            density's gradient at the draw of the locals."""
-            theta = emitted[:dim]
-            if self.exact:
-                grad = state.grad
-            elif hybrid is not None:
-                # The joint density's gradient at (θ, z) for the globals and, with M = I, for
-                # the checked locals: Stein's identity in θ alone holds for any draws whose
-                # θ | z is right, so the locals' coordinates are what can see a wrong q.
-                width = 2 * (check_idx.shape[0] + local_idx.shape[0])
-                if problem.row_local_names:
-                    return jnp.full((width,), jnp.nan, dtype=theta.dtype)
-                z = emitted[dim:]
-                batch = draw_minibatch(key, data, n, b, scheme)
-
-                def joint(th, zz):
-                    with_z = hybrid.layout.insert(fixed, zz)
-                    rows = jnp.sum(loglik_rows(th, with_z, batch))
-                    return fns["logprior"](th, with_z) + (n / b) * rows
-
-                grad, grad_z = jax.grad(joint, argnums=(0, 1))(theta, z)
-                u = apply_preconditioner(params["check_cov"], grad)
-                return jnp.concatenate(
-                    [theta[check_idx], z[local_idx], u[check_idx], grad_z[local_idx]]
-                )
-            else:
-                batch = draw_minibatch(key, data, n, b, scheme)
-                centre = params["check_centre"]
-                diff = batch_grad(theta, fixed, batch) - batch_grad(centre, fixed, batch)
-                grad = prior_grad(theta, fixed) + (n / b) * diff + params["check_grad"]
-            u = apply_preconditioner(params["check_cov"], grad)
-            return jnp.concatenate([theta[check_idx], u[check_idx]])
-
-        def full_grad(position, fixed, data):
-            # Σ_n ∇log p(x_n | θ) over every row once, in chunks of B laid-out rows.
-            starts, masks = full_data_chunks(n, b)
-
-            def chunk(total, xs):
-                start, mask = xs
-                rows = tuple(jax.lax.dynamic_slice_in_dim(a, start, b, axis=0) for a in data)
-                g = jax.grad(lambda th: jnp.sum(mask * loglik_rows(th, fixed, rows)))(position)
-                return total + g, None
-
-            total, _ = jax.lax.scan(chunk, jnp.zeros_like(position), (starts, masks))
-            return total
-
-        def draw(key, state, data, fixed, params):
-            # All of a draw's randomness in two vectorised calls before the scan: per-iteration
-            # PRNG calls cost more than a small minibatch's gradient on CPU.
-            key, key_rows, key_noise = jax.random.split(key, 3)
-            indices = minibatch_indices(key_rows, n, b, scheme, (thin,))
-            position = state.position
-            width = position.shape[0] + extra_normals
-            normals = jax.random.normal(key_noise, (thin, width), dtype=position.dtype)
-            normals = mix_normals(normals, params)
-
-            # Row ids (in 0..N−1) of every iteration's minibatch and of the one after it.
-            row_ids = jax.vmap(lambda r: minibatch_row_ids(r, n, b, scheme))(indices)
-            next_row_ids = jnp.roll(row_ids, -1, axis=0)
-            state = start_draw(state, row_ids[0])
-            if hybrid is not None:
-                local = {
-                    **state.local,
-                    "key": jax.random.fold_in(key_noise, 2),
-                    "elbo_sum": jnp.zeros_like(state.local["elbo_sum"]),
-                }
-                state = HybridState(state.kernel, local)
-
-            def body(carry, xs):
-                state, position_sum, grad_sum = carry
-                rows, normal, ids, next_ids = xs
-                batch = take_minibatch(rows, data, n, b, scheme)
-                state, info, grad = iteration(normal, state, batch, ids, next_ids, fixed, params)
-                return (state, position_sum + state.position, grad_sum + grad), info
-
-            zeros = jnp.zeros_like(state.position)
-            (state, position_sum, grad_sum), infos = jax.lax.scan(
-                body,
-                (state, zeros, zeros),
-                (indices, normals, row_ids, next_row_ids),
-                unroll=unroll,
-            )
-            last_batch = take_minibatch(indices[-1], data, n, b, scheme)
-            state, emitted, stats = finish(
-                state,
-                position_sum,
-                grad_sum,
-                lambda position: -logdensity(position, fixed, last_batch),
-                infos.grad_norm,
-                infos.step_size[-1],
-                fixed,
-                params,
-                jax.random.fold_in(key_noise, 1),
-                getattr(infos, "acceptance", None),
-            )
-            stats["check_terms"] = check_terms(
-                state, emitted, fixed, data, params, jax.random.fold_in(key_noise, 3)
-            )
-            return key, state, emitted, stats
-
-        def draw_chunk(key, state, sums, batches, fixed, params):
-            # A streamed draw's iterations over one chunk of host-read minibatches
-            # (``batches``: arrays of shape (iterations, B, ...)).
-            iters = batches[0].shape[0]
-            position = state.position
-            normals = jax.random.normal(key, (iters, *position.shape), dtype=position.dtype)
-            normals = self._mix_normals(normals, params)
-            ids = jnp.zeros(b, dtype=jnp.int32)  # row ids: only SAGA-LD uses them
-
-            def body(carry, xs):
-                state, position_sum, grad_sum = carry
-                batch, normal = xs
-                state, info, grad = iteration(normal, state, batch, ids, ids, fixed, params)
-                return (state, position_sum + state.position, grad_sum + grad), (
-                    info.step_size,
-                    info.grad_norm,
-                )
-
-            (state, position_sum, grad_sum), (steps, norms) = jax.lax.scan(
-                body, (state, *sums), (batches, normals), unroll=unroll
-            )
-            return state, (position_sum, grad_sum), steps[-1], norms
-
-        if sharded:
-            k = len(devices)
-            local_b = b // k
-            n_min = int(shard_sizes.min())
-            per_device = minibatch_indices(jax.random.PRNGKey(0), n_min, local_b, scheme).shape[-1]
-            shard_loglik = sharded_loglik(fns["loglik_rows"], mesh, n_min, local_b, scheme)
-            prior_grad = jax.grad(fns["logprior"])
-
-            def draw_sharded(key, state, data, fixed, params):
-                # The single-device draw with each iteration's minibatch split over devices.
-                arrays, n_local = data
-                key, key_rows, key_noise = jax.random.split(key, 3)
-                limit = n_local[None, :, None]
-                indices = jax.random.randint(key_rows, (thin, k, per_device), 0, limit)
-                position = state.position
-                normals = jax.random.normal(key_noise, (thin, *position.shape), position.dtype)
-                normals = self._mix_normals(normals, params)
-
-                def body(carry, xs):
-                    state, position_sum, grad_sum = carry
-                    rows, normal = xs
-                    _, lik_grad = shard_loglik(state.position, fixed, arrays, n_local, rows)
-                    grad = prior_grad(state.position, fixed) + lik_grad
-                    state, info = kernel_step(normal, state, lambda _: grad, params)
-                    return (state, position_sum + state.position, grad_sum + grad), info
-
-                zeros = jnp.zeros_like(position)
-                (state, position_sum, grad_sum), infos = jax.lax.scan(
-                    body, (state, zeros, zeros), (indices, normals), unroll=unroll
-                )
-
-                def loss_fn(position):
-                    lik, _ = shard_loglik(position, fixed, arrays, n_local, indices[-1])
-                    return -(fns["logprior"](position, fixed) + lik)
-
-                state, emitted, stats = finish(
-                    state,
-                    position_sum,
-                    grad_sum,
-                    loss_fn,
-                    infos.grad_norm,
-                    infos.step_size[-1],
-                    fixed,
-                    params,
-                    jax.random.fold_in(key_noise, 1),
-                )
-                return key, state, emitted, stats
-
-        noise_rows = min(n, max(b, 1024))
-        self._noise_rows = noise_rows
-
-        def tuning_rows(key_rows, data, rows=noise_rows):
-            # In memory: uniform rows with replacement (the first N rows of either layout are
-            # the data). Streamed: ``data`` is already such a block, read on the host. Sharded:
-            # uniform over every device's rows, replicated (see sharded_uniform_rows).
-            if streaming:
-                return data
-            if sharded:
-                uniform = sharded_uniform_rows(mesh, shard_sizes, rows)
-                return uniform(key_rows, data[0], data[1])
-            return draw_minibatch(key_rows, data, n, rows, "random")
-
+        self._noise_rows = noise_rows = min(n, max(b, 1024))
         # The search for the mode (:meth:`_search_mode`): Newton steps on every row when there
         # are few, else on one block of rows drawn uniformly.
-        in_memory = not streaming and not sharded
+        in_memory = not streaming and sharded is None
         search_rows = min(n, max(SEARCH_ROWS, 16 * problem.dim, b))
         if in_memory and (
             n <= SEARCH_ALL_ROWS
@@ -1101,202 +861,34 @@ class SGMCMCStep(Float64Methods, LocalVariablesGlue, BlockedStep):
             search_rows = n
         self._search_rows = search_rows
         self._every_row_in_memory = in_memory and search_rows == n
-
-        def search_block(key_rows, data):
-            if in_memory and search_rows == n:
-                return tuple(a[:n] for a in data)
-            return tuning_rows(key_rows, data, search_rows)
-
-        def search_value_grad(position, fixed, block):
-            return jax.value_and_grad(lambda th: -logdensity(th, fixed, block))(position)
-
-        def search_hessian(position, fixed, block, dense):
-            grad_u = jax.grad(lambda th: -logdensity(th, fixed, block))
-            dim = position.shape[0]
-            if dense or dim <= EXACT_DIAG_MAX_DIM:
-                eye = jnp.eye(dim, dtype=position.dtype)
-                # Batches of Hessian-vector products whose intermediates stay near
-                # NOISE_CHUNK_WORK row x dims (all of them at once on every row of a large
-                # data set would not fit).
-                per = max(1, NOISE_CHUNK_WORK // max(block[0].shape[0], 1))
-                hess = jax.lax.map(
-                    lambda v: jax.jvp(grad_u, (position,), (v,))[1], eye, batch_size=min(per, dim)
-                )
-                hess = 0.5 * (hess + hess.T)
-                return hess if dense else jnp.diag(hess)
-            return scaled_hutchinson(
-                lambda v: jax.jvp(grad_u, (position,), (v,))[1],
-                jax.random.PRNGKey(0),
-                dim,
-                jnp.zeros(dim, dtype=position.dtype),
-            )
-
-        def tuning_logdensity(fixed, local_params, key):
-            # What tuning measures: the sampler's log-density, or with local variables the
-            # ELBO estimate at q's current parameters and one fixed set of draws ε (so that
-            # its curvature is that of the density the globals are sampled from).
-            if hybrid is None:
-                return lambda th, batch: logdensity(th, fixed, batch)
-            eps = hybrid.draw_eps(key, problem.dtype)
-            return lambda th, batch: hybrid.elbo(th, local_params, fixed, batch, eps)
-
-        def curvature_product(grad_u, position, v):
-            # Hessian-vector product of the potential. With local variables and float64: by
-            # central differences of the ELBO gradient at fixed draws of the locals (error
-            # ~1e-7 relative), which reuses the draw's gradient graph — forward-over-reverse
-            # through q's associative scans took minutes to compile.
-            if hybrid is None or position.dtype != jnp.float64:
-                return jax.jvp(grad_u, (position,), (v,))[1]
-            scale = jnp.maximum(jnp.max(jnp.abs(v)), 1e-300)
-            delta = 1e-5 * (1.0 + jnp.max(jnp.abs(position))) / scale
-            return (grad_u(position + delta * v) - grad_u(position - delta * v)) / (2 * delta)
-
-        def scaled_hutchinson(hvp, key, dim, guess):
-            # diag(H) by Hutchinson's estimator in the coordinates a first estimate d scales:
-            # probes v = z / √d (z Rademacher), H_jj ≈ √d_j · mean z_j (Hv)_j — unbiased for any
-            # d > 0, with error Σ_k H_jk / √(d_j d_k) z_j z_k relative to H_jj: the couplings
-            # in units of the curvature, not of the coordinates. In natural units (a global
-            # coupled to 600 group effects by a predictor in its own units) plain Hutchinson's
-            # error on a group effect's diagonal was 5x the diagonal itself, the step then
-            # capped 10x too small by the apparent stiffness. d: the larger of the Fisher
-            # diagonal N·C_jj and a plain 16-probe estimate (both only scale the probes).
-            key_plain, key_scaled = jax.random.split(key)
-            z = jax.random.rademacher(key_plain, (16, dim), dtype=guess.dtype)
-            plain = jnp.mean(z * jax.lax.map(hvp, z), axis=0)
-            d = jnp.maximum(guess, jnp.abs(plain))
-            d = jnp.maximum(d, 1e-12 * jnp.maximum(jnp.max(d), 1e-300))
-            root = jnp.sqrt(d)
-            z = jax.random.rademacher(key_scaled, (16, dim), dtype=guess.dtype)
-            hvp_z = jax.lax.map(lambda zi: hvp(zi / root), z)
-            return root * jnp.mean(z * hvp_z, axis=0)
-
-        def noise(key, position, fixed, data, full, local_params, full_curvature=False):
-            # Per-example gradients by vmap; unbiased sample (co)variance. With local
-            # variables the estimator's own noise instead: the covariance of NOISE_REPEATS
-            # ELBO gradients at fresh minibatches and draws of the locals, in per-datum units
-            # (x B/N²) — per-example gradients at fixed locals miss both the minibatch noise
-            # that reaches the globals through q(z | θ) and the Monte Carlo noise. Also the
-            # diagonal Hessian of the potential on the same rows: exact (one Hessian-vector
-            # product per unit vector) up to 64 dimensions, else Hutchinson's estimator
-            # diag(H) ≈ mean_z z ⊙ Hz over 16 Rademacher probes.
-            key_rows, key_probe = jax.random.split(key)
-            # Every row once when there are few (the curvature of a group's effect then comes
-            # from all of its rows), else a block of rows drawn uniformly.
-            batch = search_block(key_rows, data)
-            if hybrid is None:
-
-                def rows_of(start, size):
-                    part = tuple(jax.lax.dynamic_slice_in_dim(a, start, size) for a in batch)
-                    return fns["per_example_grads"](position, fixed, part)
-
-                c = chunked_gradient_noise(
-                    rows_of, batch[0].shape[0], position.shape[0], full, NOISE_CHUNK_WORK
-                )
-            else:
-
-                def one_estimate(k):
-                    k_rows, k_eps = jax.random.split(k)
-                    rows = draw_minibatch(k_rows, data, n, b, scheme)
-                    eps = hybrid.draw_eps(k_eps, problem.dtype)
-                    return jax.grad(hybrid.elbo)(position, local_params, fixed, rows, eps)
-
-                keys = jax.random.split(jax.random.fold_in(key_rows, 7), NOISE_REPEATS)
-                c = gradient_noise(jax.lax.map(one_estimate, keys), full=full) * (b / n**2)
-            target = tuning_logdensity(fixed, local_params, key_probe)
-            grad_u = jax.grad(lambda th: -target(th, batch))
-            dim = position.shape[0]
-            if full_curvature:
-                # The whole Hessian, one Hessian-vector product per unit vector (symmetrised).
-                eye = jnp.eye(dim, dtype=position.dtype)
-                hess = jax.lax.map(lambda z: curvature_product(grad_u, position, z), eye)
-                return c, 0.5 * (hess + hess.T)
-            if dim <= EXACT_DIAG_MAX_DIM:
-                probes = jnp.eye(dim, dtype=position.dtype)  # exact diagonal
-                hvp = jax.lax.map(lambda z: curvature_product(grad_u, position, z), probes)
-                return c, jnp.sum(probes * hvp, axis=0)
-            fisher_guess = jnp.abs(jnp.diag(c) if c.ndim == 2 else c) * n
-            return c, scaled_hutchinson(
-                lambda v: curvature_product(grad_u, position, v), key_probe, dim, fisher_guess
-            )
-
-        sharded_noise = None
-        if sharded and hybrid is None:
-            # The estimator's own noise, a stratified sample's (see sharded_gradient_noise):
-            # (N_d²/B_d)·f_d·C_d added over the pieces, each C_d from the piece's own rows.
-            piece_block = (
-                block_rows(int(shard_sizes.min()), b // len(devices)) if scheme == "blocks" else 1
-            )
-
-            @functools.partial(jax.jit, static_argnames="full")
-            def sharded_noise(key, position, fixed, data, full):
-                measure = sharded_gradient_noise(
-                    fns["per_example_grads"],
-                    mesh,
-                    shard_sizes,
-                    b // len(devices),
-                    piece_block,
-                    max(1024, noise_rows // len(devices)),
-                    full,
-                    NOISE_CHUNK_WORK,
-                )
-                return measure(key, position, fixed, data[0], data[1])
-
-        def block_potential_grad(key, fixed, data, local_params, rows):
-            # The gradient of the potential on the ``rows`` rows that ``key`` draws (and, with
-            # local variables, its draws of them), and the key left for the caller.
-            key_rows, key_v = jax.random.split(key)
-            batch = tuning_rows(key_rows, data, rows)
-            target = tuning_logdensity(fixed, local_params, jax.random.fold_in(key_v, 1))
-            return jax.grad(lambda th: -target(th, batch)), key_v
-
-        def spectral_radius(key, position, fixed, data, precond, local_params):
-            # Largest |eigenvalue| of P·H (H the potential's Hessian on a block of rows) by 20
-            # power iterations of Hessian-vector products. SGD is stable iff it is < 2.
-            grad_u, key_v = block_potential_grad(key, fixed, data, local_params, noise_rows)
-
-            def power(v, _):
-                w = apply_preconditioner(precond, curvature_product(grad_u, position, v))
-                norm = jnp.linalg.norm(w)
-                return w / jnp.maximum(norm, 1e-300), norm
-
-            v0 = jax.random.normal(key_v, position.shape, dtype=position.dtype)
-            _, norms = jax.lax.scan(power, v0 / jnp.linalg.norm(v0), None, length=20)
-            return norms[-1]
-
-        def hessian_product(key, position, fixed, data, local_params, v, rows):
-            # H v, H the potential's Hessian on the ``rows`` rows that ``key`` draws (the same
-            # rows and draws of the locals at every call with the same key).
-            grad_u, _ = block_potential_grad(key, fixed, data, local_params, rows)
-            return curvature_product(grad_u, position, v)
-
-        def initial_loss(key, position, fixed, data):
-            return -logdensity(position, fixed, tuning_rows(key, data))
-
-        def finish_streamed(state, position_sum, grad_sum, last_batch, *rest):
-            # rest: grad_norms, step_size, fixed, params, emit_key
-            return finish(
-                state,
-                position_sum,
-                grad_sum,
-                lambda position: -logdensity(position, rest[-3], last_batch),
-                *rest,
-            )
+        measure = measurement_functions(
+            fns,
+            n=n,
+            b=b,
+            scheme=scheme,
+            dtype=problem.dtype,
+            hybrid=hybrid,
+            streaming=streaming,
+            sharded=sharded,
+            noise_rows=noise_rows,
+            search_rows=search_rows,
+        )
 
         self._compiled = {
-            "draw": jax.jit(draw_sharded if sharded else draw),
-            "draw_chunk": jax.jit(draw_chunk),
-            "finish": jax.jit(finish_streamed),
-            "initial_loss": jax.jit(initial_loss),
-            "search_block": jax.jit(search_block),
-            "search_value_grad": jax.jit(search_value_grad),
-            "search_hessian": jax.jit(search_hessian, static_argnames="dense"),
-            "full_grad": None if (streaming or sharded) else jax.jit(full_grad),
+            "draw": jax.jit(draws["draw"]),
+            "draw_chunk": jax.jit(draws["draw_chunk"]),
+            "finish": jax.jit(draws["finish"]),
+            "initial_loss": jax.jit(measure["initial_loss"]),
+            "search_block": jax.jit(measure["search_block"]),
+            "search_value_grad": jax.jit(measure["search_value_grad"]),
+            "search_hessian": jax.jit(measure["search_hessian"], static_argnames="dense"),
+            "full_grad": None if (streaming or sharded) else jax.jit(draws["full_grad"]),
             "init": jax.jit(init),
             "freeze": jax.jit(self._make_freeze(fns)) if hybrid is not None else None,
-            "noise": jax.jit(noise, static_argnames=("full", "full_curvature")),
-            "spectral_radius": jax.jit(spectral_radius),
-            "hessian_product": jax.jit(hessian_product, static_argnames="rows"),
-            "sharded_noise": sharded_noise,
+            "noise": jax.jit(measure["noise"], static_argnames=("full", "full_curvature")),
+            "spectral_radius": jax.jit(measure["spectral_radius"]),
+            "hessian_product": jax.jit(measure["hessian_product"], static_argnames="rows"),
+            "sharded_noise": measure["sharded_noise"],
             # The tuning functions' keys, derived on the host at every tuning draw: compiled,
             # since an eager fold_in dispatches its threefry op by op (~130 µs against ~9 µs).
             "fold_in": jax.jit(jax.random.fold_in),
@@ -1628,719 +1220,6 @@ class SGMCMCStep(Float64Methods, LocalVariablesGlue, BlockedStep):
         """Sampler-specific stats of a draw (declared in ``stats_dtypes_shapes``)."""
         return {}
 
-    def _stability_scale(self, precond: np.ndarray, position: Any, fixed: tuple, key: Any) -> float:
-        """The factor ``s ≤ 1`` that brings the spectral radius of ``s·P·H`` to at most 1.
-
-        SGD's stability limit is 2. The KL-optimal and IASG rates satisfy this when ``A ≈ C``;
-        it matters where ``C`` misjudges the curvature — far from the mode, a noisy or
-        rank-deficient estimate of a large ``C``, or a diagonal preconditioner on a strongly
-        coupled Hessian (softmax regression)."""
-        compiled = self._compile()
-        key = compiled["fold_in"](key, 2)
-        precond = np.asarray(precond, dtype=self.problem.dtype)
-        data = self._tuning_data(key)
-        radius = float(
-            compiled["spectral_radius"](key, position, fixed, data, precond, self._tuning_local())
-        )
-        if not np.isfinite(radius):
-            return 1.0
-        return 1.0 / max(1.0, radius)
-
-    def _estimate_noise(
-        self,
-        position: Any,
-        fixed: tuple,
-        key: Any,
-        full: bool = False,
-        full_curvature: bool = False,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Per-datum gradient (co)variance ``C`` (``full``: the matrix) and the diagonal
-        Hessian of the potential (``full_curvature``: the whole Hessian) at ``position``, from
-        one block of rows (host arrays)."""
-        compiled = self._compile()
-        key = compiled["fold_in"](key, 1)
-        data = self._tuning_data(key, self._search_rows)
-        c, h = compiled["noise"](
-            key,
-            position,
-            fixed,
-            data,
-            full=full,
-            local_params=self._tuning_local(),
-            full_curvature=full_curvature,
-        )
-        return np.asarray(c), np.asarray(h)
-
-    def _tuning_local(self) -> Any:
-        """q's current parameters for the tuning functions (None without local variables)."""
-        if self.hybrid is None or self.chain_state is None:
-            return None
-        return self.chain_state[1].local["params"]
-
-    # -- the search for the mode -----------------------------------------------------------------
-    def _search_mode(self, position: np.ndarray, fixed: tuple, key: Any) -> np.ndarray:
-        """Damped Newton steps to the mode of the potential on one block of rows (every row
-        when ``N ≤ 16 384``), from ``position``.
-
-        Each step is ``δ = −|H|⁻¹ ∇U`` (``|H|``: the Hessian with its eigenvalues in absolute
-        value — a descent direction where the potential is not convex), with the components of
-        transformed variables clipped (below), at most ``SEARCH_TRUST`` posterior sds long in
-        the metric of ``|H|`` (a guard against directions of near-zero curvature; far from
-        the mode a Newton step is hundreds of local sds long and must be taken whole), then
-        halved until the block's potential decreases enough (Armijo). Natural units make this necessary: the
-        curvature at the initial point can be ten orders of magnitude from one coordinate to
-        another, and a fixed-step descent there either crawls or overshoots. It stops when
-        the Newton decrement ``∇Uᵀ|H|⁻¹∇U`` (the squared distance to the block's mode in
-        posterior sds) falls below 1e-8. On a block of ``R < N`` rows the block's mode is
-        about ``√(N/R)`` posterior sds from the posterior's; the sampler's own tuning draws
-        close the rest."""
-        compiled = self._compile()
-        jax = compiled["jax"]
-        key = compiled["fold_in"](key, 6)
-        dtype = self.problem.dtype
-        data = self._tuning_data(key, self._search_rows)
-        block = compiled["search_block"](key, data)
-        value_grad = compiled["search_value_grad"]
-        dense = self.whitening_kind == "dense"
-        theta = np.asarray(position, dtype=np.float64)
-
-        def evaluate(x: np.ndarray) -> tuple[float, np.ndarray]:
-            value, grad = value_grad(jax.numpy.asarray(x, dtype=dtype), fixed, block)
-            return float(value), np.asarray(grad, dtype=np.float64)
-
-        value, grad = evaluate(theta)
-        if not (np.isfinite(value) and np.all(np.isfinite(grad))):
-            return theta
-        logscale = self._transformed_mask()
-        whitening = None
-        for _ in range(SEARCH_ITERATIONS):
-            hess = np.asarray(
-                compiled["search_hessian"](
-                    jax.numpy.asarray(theta, dtype=dtype), fixed, block, dense
-                )
-            )
-            if not np.all(np.isfinite(hess)):
-                break
-            sampled = self._sampled_idx
-            if sampled is not None:
-                # Variational EM: the search moves the sampled coordinates only (a joint mode
-                # over a prior precision and the weights it governs runs off to λ → ∞).
-                hess = hess[np.ix_(sampled, sampled)] if hess.ndim == 2 else hess[sampled]
-            whitening = Whitening.from_curvature(hess)
-            cov = whitening.covariance()
-            g = grad if sampled is None else grad[sampled]
-            step = -(cov @ g if cov.ndim == 2 else cov * g)
-            if sampled is None:
-                delta = step
-            else:
-                delta = np.zeros_like(grad)
-                delta[sampled] = step
-            decrement = float(-grad @ delta)
-            if not np.isfinite(decrement) or decrement < 1e-8:
-                break
-            if np.any(logscale):
-                # Transformed coordinates (log σ, logit p) are scale-free: no search needs to
-                # move one by more than SEARCH_LOG_STEP per step, so their components are
-                # clipped there (the others keep their Newton step). Without this a centred
-                # hierarchical model's first step shrank log σ by ~10 — its curvature is ~0
-                # while the group effects all sit at their mean — and the search ran into the
-                # funnel instead of to the mode the group effects' data make.
-                clipped = np.clip(delta, -SEARCH_LOG_STEP, SEARCH_LOG_STEP)
-                delta = np.where(logscale, clipped, delta)
-                decrement = float(-grad @ delta)
-                if not decrement > 0:
-                    break
-            t = min(1.0, SEARCH_TRUST / np.sqrt(decrement))
-            while t > 1e-10:
-                new_value, new_grad = evaluate(theta + t * delta)
-                if np.isfinite(new_value) and new_value <= value - 1e-4 * t * decrement:
-                    break
-                t *= 0.5
-            else:
-                break
-            theta = theta + t * delta
-            value, grad = new_value, new_grad
-        return theta
-
-    def _transformed_mask(self) -> np.ndarray:
-        """``(D,)`` True where the raveled coordinate belongs to a transformed variable (its
-        unconstrained value is a log, logit, ... — dimensionless)."""
-        model = self.problem.model
-        values_to_rvs = {v.name: rv for v, rv in model.values_to_rvs.items()}
-        mask = []
-        for info in self.problem.var_infos:
-            rv = values_to_rvs.get(info.name)
-            transformed = rv is not None and model.rvs_to_transforms.get(rv) is not None
-            mask.extend([transformed] * info.size)
-        return np.asarray(mask, dtype=bool)
-
-    # -- automatic tuning: measure, then the tuner (pymc_sgmcmc.tuning.tuner) -----------------
-    def _measure(self, state: Any, fixed: tuple, key: Any) -> Measurement:
-        """Curvature and gradient noise at the chain's position, from one block of rows: the
-        Hessian of the potential (dense, or its diagonal) and the covariance of the sampler's
-        gradient estimate in θ units (``(N²/B)·f·C``, ``f`` the minibatch scheme's factor: 0
-        with every row in every iteration; with devices or row shards the stratified
-        ``Σ_d (N_d²/B_d)·f_d·C_d``, measured piece by piece)."""
-        position = state.position
-        dense = self.whitening_kind == "dense"
-        # The noise (and curvature) as full matrices whenever they fit: a diagonal or scalar
-        # whitening still has its injected noise correct the minibatch noise's correlations.
-        full = self.problem.dim <= DENSE_MAX_DIM
-        c, h = self._estimate_noise(position, fixed, key, full=full, full_curvature=full)
-        n, b = self.problem.data_size, self.batch_size
-        sharded_noise = self._compile()["sharded_noise"]
-        if self.hybrid is None:
-            scale = n**2 / b * noise_factor(n, b, self.minibatch)
-            fisher = n * c
-        else:
-            # The covariance of repeated ELBO gradients, in per-datum units (× B/N²).
-            scale, fisher = n**2 / b, None
-        if sharded_noise is not None and not self.exact:
-            # Minibatches drawn piece by piece: their noise, not a uniform minibatch's (which
-            # also holds the spread between the pieces); the Fisher information stays N·C.
-            stratified = sharded_noise(
-                self._compile()["fold_in"](key, 5),
-                position,
-                fixed,
-                self._compile()["data"],
-                full=full,
-            )
-            c, scale = np.asarray(stratified), 1.0
-        stability = None
-        if not dense:
-            diag = np.abs(np.diag(h) if h.ndim == 2 else h)
-            if self.whitening_kind == "scalar":
-                diag = np.full_like(diag, float(np.mean(diag)))
-            if h.ndim == 2:
-                # λmax(A_w⁻¹ H) on the host, A_w the diagonal (or scalar) the whitening keeps.
-                root = 1.0 / np.sqrt(diag)
-                stability = float(np.linalg.eigvalsh(root[:, None] * h * root[None, :])[-1])
-            else:
-                stability = self._relative_stiffness(position, fixed, key, diag)
-            h = diag
-        noise = scale * c
-        idx = self._sampled_idx
-        if (
-            self._row_stiffness is None
-            and not self.exact
-            and self.hybrid is None
-            and idx is None
-            and self._every_row_in_memory
-        ):
-            self._row_stiffness = self._measure_row_stiffness(state, fixed, h)
-        if idx is not None:
-            # Variational EM: only the sampled coordinates are tuned (hyperparameters get zero
-            # rows of P and no noise; see ConstantSGD's hyper_vars).
-            self._hyper_curvature.update(np.diag(h) if h.ndim == 2 else h)
-
-            def pick(m: np.ndarray) -> np.ndarray:
-                return m[np.ix_(idx, idx)] if m.ndim == 2 else m[idx]
-
-            h, noise = pick(h), pick(noise)
-            fisher = None if fisher is None else pick(fisher)
-        return Measurement(h, noise, fisher, stability, self._row_stiffness)
-
-    def _measure_row_stiffness(self, state: Any, fixed: tuple, curvature: np.ndarray) -> float:
-        """``(N/B)·max_i λmax(A⁻¹ H_i)`` over every row ``i`` (``H_i`` the row's Hessian of the
-        potential, ``A`` the measured curvature), by a power iteration per row in whitened
-        coordinates, once per step at its first measurement (the rows and model do not change).
-
-        A minibatch that holds row ``i`` weighs it ``N/B``, so its curvature along that row's
-        direction is at least ``(N/B)·λ_i``; the tuner caps the step at the inverse. Where one
-        row carries much of a direction's curvature (a county with one or two houses of
-        radon's 12 573: 9.5 there) this binds: SAGA-LD's and SVRG-LD's control variates feed
-        ``(N/B) H_i (θ − θ_stored)`` back at each visit of the row, which at their step cap
-        ran SAGA-LD away (one chain of two to ~1 000 sds) and diverged SVRG-LD late; constant
-        SGD's rarest counties had sds 0.68x (0.91x with the cap, 2 x 1000 draws)."""
-        import jax
-        import jax.numpy as jnp
-
-        compiled = self._compile()
-        fn = compiled.get("row_stiffness")
-        n, b = self.problem.data_size, self.batch_size
-        dim = self.problem.dim
-        if fn is None:
-            loglik_rows = self.problem.jax_functions()["loglik_rows"]
-            size = min(n, max(64, NOISE_CHUNK_WORK // max(dim * dim // 16, dim, 1)))
-            starts, masks = full_data_chunks(n, size)
-
-            def row_hvp(position, fixed, row, u):
-                # H_i u for one row: the Hessian of the row's potential along u.
-                def grad_u(th):
-                    one = tuple(a[None] for a in row)
-                    return jax.grad(lambda t: -jnp.sum(loglik_rows(t, fixed, one)))(th)
-
-                return jax.jvp(grad_u, (position,), (u,))[1]
-
-            def largest(position, fixed, data, factor):
-                dense = factor.ndim == 2
-
-                def to_theta(v):  # L v, rows of v
-                    return v @ factor.T if dense else v * factor
-
-                def to_white(g):  # Lᵀ g
-                    return g @ factor if dense else g * factor
-
-                def chunk(best, xs):
-                    start, mask = xs
-                    rows = tuple(jax.lax.dynamic_slice_in_dim(a, start, size) for a in data)
-                    key = jax.random.fold_in(jax.random.PRNGKey(0), start)
-                    v = jax.random.normal(key, (size, dim), dtype=position.dtype)
-                    hvp = jax.vmap(row_hvp, in_axes=(None, None, 0, 0))
-
-                    def power(v, _):
-                        w = to_white(hvp(position, fixed, rows, to_theta(v)))
-                        norm = jnp.linalg.norm(w, axis=1, keepdims=True)
-                        return w / jnp.maximum(norm, 1e-300), None
-
-                    v, _ = jax.lax.scan(power, v, None, length=ROW_POWER_ITERATIONS)
-                    w = to_white(hvp(position, fixed, rows, to_theta(v)))
-                    lam = jnp.abs(jnp.sum(v * w, axis=1))
-                    return jnp.maximum(best, jnp.max(jnp.where(mask, lam, 0.0))), None
-
-                best, _ = jax.lax.scan(chunk, jnp.zeros((), position.dtype), (starts, masks))
-                return best
-
-            fn = compiled["row_stiffness"] = jax.jit(largest)
-        factor = np.asarray(Whitening.from_curvature(curvature).factor(), dtype=self.problem.dtype)
-        data = tuple(a[:n] for a in compiled["data"])
-        lam = float(fn(state.position, fixed, data, factor))
-        return (n / b) * lam if np.isfinite(lam) else None
-
-    def _relative_stiffness(self, position: Any, fixed: tuple, key: Any, diag: np.ndarray) -> float:
-        """``λmax(diag(A)⁻¹ H)`` on a block of rows (power iteration on the device): how much
-        stiffer the coupled curvature is than a diagonal whitening sees (it bounds the step)."""
-        compiled = self._compile()
-        key = compiled["fold_in"](key, 2)
-        precond = np.asarray(1.0 / np.maximum(diag, 1e-300), dtype=self.problem.dtype)
-        radius = float(
-            compiled["spectral_radius"](
-                key, position, fixed, self._tuning_data(key), precond, self._tuning_local()
-            )
-        )
-        return radius if np.isfinite(radius) and radius > 0 else 1.0
-
-    def _tune_draw(self, state: Any, fixed: tuple, key: Any) -> None:
-        """Before a draw: measure if the tuner asks for it and take its new tuning."""
-        tuner = self.tuner
-        if tuner is None or not tuner.wants_measurement(bool(self.tune)):
-            return
-        measurement = self._measure(state, fixed, key)
-        self._set_tuned(tuner.update(measurement, tuning=bool(self.tune)))
-
-    def _after_draw(self, stats: dict[str, Any]) -> None:
-        """After an accepted draw: count it, and adapt MALA's step to its acceptance."""
-        tuner = self.tuner
-        if tuner is None or not self.tune:
-            return
-        if self.exact and self._mala is not None and not tuner.searching:
-            self._mala.update(float(stats["acceptance_rate"]))
-            tuner.advance(True)
-            self._set_tuned(tuner.retune())
-            return
-        tuner.advance(True)
-
-    def _set_tuned(self, tuned: Tuned | None) -> None:
-        """Adopt a tuning: ``self.tuned`` and the tuned values subclasses read in
-        :meth:`_params` (``precond_value``: ``P``; ``inject_value``: ``R``, the factor of the
-        injected noise in θ units), embedded in the full dimension when some coordinates are
-        point-estimated."""
-        if tuned is None:
-            return
-        self.tuned = tuned
-        precond, factor = tuned.preconditioner, tuned.noise_factor
-        idx = self._sampled_idx
-        if idx is not None:
-            dim = self.problem.dim
-            if precond.ndim == 2:
-                p = np.zeros((dim, dim))
-                r = np.zeros((dim, dim))
-                p[np.ix_(idx, idx)] = precond
-                r[np.ix_(idx, idx)] = factor
-            else:
-                p, r = np.zeros(dim), np.zeros(dim)
-                p[idx], r[idx] = precond, factor
-            precond, factor = p, r
-        self.precond_value = precond
-        self.inject_value = factor
-
-    def _tuning_settings(self) -> dict[str, Any]:
-        """The tuned values for the attrs (JSON-ready)."""
-        tuned = self.tuned
-        if tuned is None:
-            return {}
-        report = {k: float(v) for k, v in tuned.report.items()}
-        out: dict[str, Any] = {
-            "whitening": self.whitening_kind,
-            "whitened_step_size": tuned.step_size,
-            "whitened_step_size_min": float(tuned.rates.steps.min()),
-            "mala": bool(self.exact),
-            **report,
-        }
-        return out
-
-    # -- the self-check (pymc_sgmcmc.diagnostics) --------------------------------------------------
-    def _check_indices(self) -> np.ndarray:
-        return check_indices([info.size for info in self.problem.var_infos])
-
-    def _check_local_indices(self) -> np.ndarray:
-        """With local variables: the raveled locals the self-check follows too."""
-        if self.hybrid is None:
-            return np.zeros(0, dtype=int)
-        room = max(MAX_CHECKED - len(self._check_indices()), 0)
-        return check_indices(list(self.hybrid.layout.sizes), limit=room)
-
-    def _local_names(self) -> list[str]:
-        if self.hybrid is None:
-            return []
-        layout = self.hybrid.layout
-        names = []
-        for name, shape in zip(layout.names, layout.shapes, strict=True):
-            if not shape:
-                names.append(name)
-            else:
-                names.extend(f"{name}[{','.join(map(str, i))}]" for i in np.ndindex(*shape))
-        return names
-
-    def _coordinate_names(self) -> list[str]:
-        names = []
-        for info in self.problem.var_infos:
-            if info.size == 1 and not info.shape:
-                names.append(info.name)
-            else:
-                names.extend(
-                    f"{info.name}[{','.join(map(str, idx))}]" for idx in np.ndindex(*info.shape)
-                )
-        return names
-
-    def _check_params(self) -> dict[str, np.ndarray]:
-        dtype, dim = self.problem.dtype, self.problem.dim
-        check = self._check
-        if check is None:
-            dense = self.whitening_kind == "dense"
-            zeros = np.zeros(dim, dtype=dtype)
-            return {
-                "check_centre": zeros,
-                "check_grad": zeros,
-                "check_cov": np.zeros((dim, dim) if dense else dim, dtype=dtype),
-            }
-        return {k: np.asarray(v, dtype=dtype) for k, v in check.items()}
-
-    def _setup_check(self) -> None:
-        """After tuning: the centre of the SVRG control variate (the chain's position) with its
-        full-data gradient, ``A⁻¹`` (from the tuning, else measured once here), and the
-        predicted sd ratios of the frozen tuning (:func:`pymc_sgmcmc.diagnostics.predicted_sd_ratio`)."""
-        compiled = self._compile()
-        key, state = self.chain_state
-        fixed = self._last_fixed
-        dim = self.problem.dim
-        centre = np.asarray(state.position, dtype=np.float64)[:dim]
-        tuned = self.tuned
-        if tuned is not None:
-            cov = tuned.whitening.covariance()
-        else:
-            dense = self.whitening_kind == "dense"
-            _, h = self._estimate_noise(
-                state.position, fixed, key, full=dense, full_curvature=dense
-            )
-            cov = Whitening.from_curvature(h).covariance()
-        sharded = self.devices not in (None, 1, "chains")
-        if self._sampled_idx is not None or self.streaming or sharded:
-            # Variational EM: the hyperparameters are point estimates, not draws; streamed or
-            # sharded data: the draw has no minibatch of its own to spare. No Stein check.
-            dense = np.ndim(cov) == 2
-            self._check = {
-                "check_centre": centre,
-                "check_grad": np.zeros(dim),
-                "check_cov": np.zeros((dim, dim) if dense else dim),
-            }
-            self._check_report = {}
-            return
-        grad = np.zeros(dim)
-        if compiled.get("full_grad") is not None and not self.exact and self.hybrid is None:
-            grad = np.asarray(compiled["full_grad"](centre, fixed, compiled["data"]))
-        self._check = {"check_centre": centre, "check_grad": grad, "check_cov": cov}
-        idx = self._check_indices()
-        names = self._coordinate_names()
-        diag = np.diag(cov) if np.ndim(cov) == 2 else np.asarray(cov)
-        local_idx = self._check_local_indices()
-        local_names = self._local_names()
-        report: dict[str, Any] = {
-            "check": {
-                "names": [names[i] for i in idx] + [local_names[i] for i in local_idx],
-                # A⁻¹'s diagonal; NaN for the locals (M = I there: their scale is the draws')
-                "cov_diag": diag[idx].tolist() + [float("nan")] * len(local_idx),
-                "metric": "dense" if np.ndim(cov) == 2 else "diagonal",
-            }
-        }
-        tuner = self.tuner
-        averaged = tuner is not None and tuner.curvature.value is not None
-        if (
-            tuned is not None
-            and averaged
-            and tuned.whitening.dense
-            and not self.exact
-            and self._sampled_idx is None
-            and (self.auto_step_size if hasattr(self, "auto_step_size") else True)
-        ):
-            window = self.window if isinstance(self, IASG) else None
-            try:
-                ratio = predicted_sd_ratio(
-                    tuned.rates.preconditioner(),
-                    tuned.rates.injected,
-                    tuned.whitening,
-                    tuner.curvature.value,
-                    tuner.noise.value,
-                    window=window,
-                    momentum=self._check_momentum(),
-                )
-            except (np.linalg.LinAlgError, ValueError):
-                ratio = None
-            if ratio is not None and np.all(np.isfinite(ratio)):
-                # against the tempered target's sds (√T times the posterior's)
-                ratio = ratio / np.sqrt(self.temperature)
-                report["predicted_sd_ratio"] = ratio[idx].tolist()
-        self._check_report = report
-
-    def _check_momentum(self) -> float | None:
-        """The damping μ the self-check's predicted covariance models (None: no momentum)."""
-        return getattr(self, "momentum", None)
-
-    def _mala_parts(self, fns: dict[str, Callable]) -> tuple[Callable, Callable]:
-        """The MALA iteration and chain init (full batch, every row in every gradient)."""
-        import jax
-
-        value_and_grad = fns["logdensity_and_grad"]
-        dim = self.problem.dim
-        n = self.problem.data_size
-        hybrid_fixed = None
-        del hybrid_fixed
-
-        def init(position, data, fixed):
-            rows = tuple(a[:n] for a in data)
-            return mala.init(position, lambda th: value_and_grad(th, fixed, rows))
-
-        def iteration(normal, state, batch, row_ids, next_row_ids, fixed, params):
-            log_u = jax.scipy.stats.norm.logcdf(normal[dim])
-            state, info = mala.step(
-                state,
-                lambda th: value_and_grad(th, fixed, batch),
-                normal[:dim],
-                log_u,
-                params["precond"],
-                params["inverse_precond"],
-                adjust=params["adjust"],
-                step_size=params["step_size"],
-            )
-            return state, info, state.grad
-
-        return iteration, init
-
-    def _mala_mix_normals(self, normals: Any, params: dict[str, Any]) -> Any:
-        """The proposals' noise ``R ξ`` (``R Rᵀ = 2P``) for a whole draw in one product; the
-        last column stays a standard normal (the acceptance test's draw)."""
-        import jax.numpy as jnp
-
-        dim = self.problem.dim
-        factor = params["noise"]
-        head = normals[:, :dim]
-        head = head @ factor.T if factor.ndim == 2 else head * factor
-        return jnp.concatenate([head, normals[:, dim:]], axis=1)
-
-    def _mala_params(self) -> dict[str, Any]:
-        """The compiled MALA draw's parameters from the tuning in force."""
-        dtype = self.problem.dtype
-        tuned = self.tuned
-        assert tuned is not None
-        h = tuned.step_size
-        whitening = tuned.whitening
-        searching = tuned.searching
-        inverse = whitening.precision() / h
-        noise = np.sqrt(2.0 * h) * whitening.factor()
-        if searching:
-            noise = np.zeros_like(noise)
-        return {
-            "precond": np.asarray(tuned.preconditioner, dtype=dtype),
-            "inverse_precond": np.asarray(inverse, dtype=dtype),
-            "noise": np.asarray(noise, dtype=dtype),
-            "adjust": np.asarray(0.0 if searching else 1.0, dtype=dtype),
-            "step_size": np.asarray(h, dtype=dtype),
-        }
-
-    @property
-    def _searches(self) -> bool:
-        """Whether a chain starts with the Newton search for the mode (automatic tuning with
-        tuning draws; with local variables the search is the sampler's own first draws)."""
-        return (
-            self.tuner is not None
-            and self.hybrid is None
-            and bool(self.tune)
-            and getattr(self, "search_draws", 0) > 0
-        )
-
-    def _make_tuner(self, search_draws: int) -> None:
-        """Set up automatic tuning with the sampler's rule (:meth:`_rates`); on a full batch
-        the chain runs MALA with an adapted step instead (see ``exact``). Without local
-        variables the search for the mode is Newton's (:meth:`_search_mode`), before the
-        first draw; with them, the first ``search_draws`` tuning draws descend with the
-        preconditioner ``0.5 A⁻¹`` and no noise."""
-        self.exact = self.full_batch
-        if self.exact:
-            self._mala = StepSizeAdaptation(initial_mala_step(self.problem.dim))
-        self.tuner = Tuner(
-            self._rule,
-            search_draws if self.hybrid is not None else 0,
-            exact=self.exact,
-            follow=self._sampled_idx is not None,
-        )
-
-    def _rule(self, noise_z: np.ndarray, cap: float = 1.0, whitening: Any = None) -> Rates:
-        """The tuner's rule (a bound method, so that steps pickle for worker processes)."""
-        if self.exact:
-            assert self._mala is not None
-            h = self._mala.current * min(cap, 1.0)
-            dim = noise_z.shape[0]
-            return Rates(h, np.full(dim, h), None, np.zeros_like(noise_z), 0.0, 1.0)
-        return self._rates(noise_z, cap, whitening)
-
-    def _rates(self, noise_z: np.ndarray, cap: float, whitening: Any) -> Rates:
-        """The sampler's step and injected noise in whitened coordinates
-        (:mod:`pymc_sgmcmc.tuning.rates`), ``cap`` the largest step stability allows."""
-        raise NotImplementedError
-
-
-class _PreconditionedSGD(SGMCMCStep):
-    """Shared parts of the preconditioned constant-rate samplers (ConstantSGD, IASG, SGFS).
-
-    The update is :math:`v \\leftarrow (1-\\mu)v + P\\nabla\\log\\hat p + \\xi,\\ \\theta
-    \\leftarrow \\theta + v` (``μ = 1`` without momentum) with :math:`P = hA^{-1}` and injected
-    noise :math:`\\xi \\sim \\mathcal N(0, RR^\\top)`, both tuned in whitened coordinates by
-    :class:`~pymc_sgmcmc.tuning.tuner.Tuner` (search for the mode, then measurements of the
-    curvature ``A`` and of the gradient noise at the chain's positions) with the sampler's
-    rule (:meth:`_rates`). With ``batch_size ≥ N`` the chain runs MALA instead
-    (:mod:`pymc_sgmcmc.kernels.mala`).
-    """
-
-    name = "preconditioned_sgd"
-
-    def __init__(
-        self,
-        vars: Sequence[Any] | None = None,
-        *,
-        preconditioner: str = "auto",
-        search_draws: int = 5,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(vars, **kwargs)
-        if preconditioner == "auto":
-            preconditioner = "full" if self.problem.dim <= DENSE_MAX_DIM else "diagonal"
-        if preconditioner not in ("scalar", "diagonal", "full"):
-            raise ValueError(
-                f"preconditioner must be 'auto', 'scalar', 'diagonal' or 'full', got {preconditioner!r}."
-            )
-        self.preconditioner: str = preconditioner
-        self.whitening_kind = {"full": "dense", "diagonal": "diagonal", "scalar": "scalar"}[
-            preconditioner
-        ]
-        if int(search_draws) != search_draws or search_draws < 0:
-            raise ValueError(f"search_draws must be a non-negative integer, got {search_draws!r}.")
-        self.search_draws = int(search_draws)
-        self._hyper_curvature = NoiseEstimate()
-        self.precond_value: np.ndarray = np.asarray(np.nan)
-        dim = self.problem.dim
-        self.inject_value: np.ndarray = np.zeros(
-            (dim, dim) if self.preconditioner == "full" else dim
-        )
-
-    def _kernel(self):
-        momentum = self._momentum()
-
-        def step(normal, state, grad_fn, params):
-            # ``normal`` is already the injected noise R ξ (_mix_normals). The damping is a
-            # constant of the sampler, or a draw parameter where tuning chooses it (SGHMC).
-            state, info = sgd.step(
-                None,
-                state,
-                grad_fn,
-                1.0,
-                preconditioner=params["precond"],
-                momentum=params.get("momentum", momentum),
-                position_noise=normal,
-            )
-            return state, info._replace(step_size=params["step_size"])
-
-        return sgd.init, step
-
-    def _mix_normals(self, normals, params):
-        # The injected noise R ξ of every iteration of the draw at once: with a dense R one
-        # (iterations, D) x (D, D) product instead of a matrix-vector product per iteration.
-        inject = params["inject"]
-        return normals @ inject.T if inject.ndim == 2 else normals * inject
-
-    def _momentum(self) -> float | None:
-        return None
-
-    def _hyper_schedule(self) -> Schedule | None:
-        return None
-
-    def _reset_tuning(self) -> None:
-        self._hyper_curvature.reset()
-
-    def _retune(self) -> None:
-        pass  # a fixed rate: _params applies the divergence factor
-
-    def stop_tuning(self) -> None:
-        super().stop_tuning()
-        if self.tuner is not None and self.chain_state is not None:
-            if self._mala is not None:
-                self._mala.final()
-            self._set_tuned(self.tuner.final())
-
-    def _params(self, iteration: int) -> dict[str, Any]:
-        if self.exact:
-            return self._mala_params()
-        dtype = self.problem.dtype
-        precond = np.asarray(self.precond_value, dtype=dtype)
-        if self.tuner is None:
-            precond = precond * self._shrink  # a fixed rate, halved by diverged tuning draws
-        step = self.tuned.step_size if self.tuned is not None else _scale_of(precond)
-        params = {
-            "precond": precond,
-            "step_size": np.asarray(step, dtype=dtype),
-            "inject": np.asarray(self.inject_value, dtype=dtype),
-        }
-        if self._sampled_idx is not None:
-            mask = np.ones(self.problem.dim, dtype=dtype)
-            mask[self._sampled_idx] = 0.0
-            params["hyper_mask"] = mask
-            # Off while searching for the mode (the iterates are then optimised, not sampled,
-            # and their spread says nothing about the posterior) and after tuning (frozen).
-            # Robbins–Monro steps in Newton units: ρ_k g / h with h the potential's curvature
-            # along each hyper coordinate (from the tuning measurements), so ρ_k ≤ 1 is a
-            # damped EM fixed-point step whatever the hyperparameter's scale; k counts draws.
-            # ... and for the first search_draws tuning draws, while the chain spreads out
-            # from the mode the search left it at: an EM step from draws without their spread
-            # would send a precision up (and the draws would then shrink further).
-            burning_in = self.tuner is None or self.tuner.draws < self.search_draws
-            on = self.tune and not burning_in
-            schedule = self._hyper_schedule()
-            rate = float(schedule(iteration // self.thin)) if on and schedule else 0.0
-            curvature = self._hyper_curvature.value
-            scale = np.ones(self.problem.dim)
-            if curvature is not None:
-                scale = 1.0 / np.maximum(np.abs(curvature), 1e-8)
-            params["hyper_step"] = np.asarray(rate * scale * mask, dtype=dtype)
-        return params
-
-    def settings(self) -> dict[str, Any]:
-        return {
-            **super().settings(),
-            "preconditioner": self.preconditioner,
-            "search_draws": self.search_draws,
-            **self._tuning_settings(),
-            **_preconditioner_summary(self.precond_value),
-        }
-
 
 ATTRS_MAX_ENTRIES = 4096  # larger tuned preconditioners are summarised in the attrs
 
@@ -2365,648 +1244,18 @@ def _preconditioner_summary(precond: Any) -> dict[str, Any]:
     }
 
 
-def _scale_of(precond: np.ndarray) -> np.ndarray:
-    """A scalar summary of P for the ``step_size`` stat: its mean diagonal."""
-    precond = np.asarray(precond)
-    if precond.ndim == 2:
-        return np.asarray(np.trace(precond) / precond.shape[0], dtype=precond.dtype)
-    return np.asarray(precond.mean(), dtype=precond.dtype)
+_MOVED = {
+    "ConstantSGD": "pymc_sgmcmc.constant_sgd",
+    "IASG": "pymc_sgmcmc.iasg",
+    "SGLD": "pymc_sgmcmc.sgld",
+    "_PreconditionedSGD": "pymc_sgmcmc.preconditioned_sgd",
+}
 
 
-class ConstantSGD(_PreconditionedSGD):
-    r"""Constant-rate SGD as an approximate posterior sampler (Mandt, Hoffman & Blei 2017).
-
-    .. math::
-
-        v \leftarrow (1-\mu) v - P \hat g(\theta), \qquad \theta \leftarrow \theta + v
-
-    (``momentum=None`` is plain SGD, :math:`\mu = 1`). Near the mode the iterates are an
-    Ornstein–Uhlenbeck process with stationary covariance Σ solving
-    :math:`P A_U \Sigma + \Sigma A_U P = P (N^2 C / B) P` (§4.1).
-
-    Tuning (``step_size="auto"``, the default) estimates the per-datum gradient covariance
-    ``C`` online and sets the KL-optimal preconditioner
-    (:func:`~pymc_sgmcmc.tuning.kl_optimal_preconditioner`): ``"scalar"`` :math:`2BD/(N^2 \operatorname{Tr} C)`
-    (Theorem 1), ``"diagonal"`` :math:`2B/(N^2 C_{kk})` (Corollary 3), ``"full"``
-    :math:`(2B/N^2) C^{-1}` (Theorem 2; its stationary covariance is the Laplace posterior
-    :math:`A_U^{-1}` when :math:`A = C`). It is multiplied by ``temperature`` (Σ scales with P)
-    and, with momentum, by μ (the stationary covariance of damped SGD at ``P`` is that of
-    plain SGD at :math:`P/\mu`, §4.3). Without momentum, ``"full"`` is also multiplied by
-    :math:`N/(N + TB)`: the theorems are for the continuous-time limit, while the iterates
-    are an AR(1) that contracts by :math:`a = 2TB/N` per step in every direction, with
-    stationary variance :math:`a/(2-a)` rather than :math:`a/2` in posterior units; the
-    factor makes it exact (it matters when B/N is not small: at B/N = 1/2 the sds were
-    1.26–1.36× exact without it). The first ``search_draws`` tuning draws reach the
-    mode first, with IASG's large preconditioned rate :math:`P = (0.5/N)\hat C^{-1}`
-    re-estimated at each draw.
-
-    Parameters
-    ----------
-    step_size
-        ``"auto"`` or a float: a fixed scalar ``P`` (no tuning; ``preconditioner`` must then
-        be ``"scalar"`` or ``"auto"``).
-    preconditioner
-        ``"auto"`` (``"full"`` up to 500 dimensions, else ``"diagonal"``), ``"scalar"``,
-        ``"diagonal"`` or ``"full"``.
-    momentum
-        Damping μ in (0, 1], or None.
-    search_draws
-        Tuning draws spent reaching the mode before ``C`` is averaged (default 5).
-    hyper_vars
-        Variational EM (§4.2): free variables (e.g. a prior precision) that are
-        point-estimated instead of sampled. During tuning, each draw is an E-step and a
-        Robbins–Monro M-step: the other variables are sampled for one draw at ``P*``
-        (computed from their block of ``C``) with the hyperparameters held fixed, then the
-        hyperparameters take one step up the draw's mean minibatch gradient of the log-joint —
-        of λ itself, without the log-Jacobian of its transform, as befits a point estimate —
-        in Newton units, ``λ ← λ + ρ_k ḡ_λ / h_λ`` with ``h_λ`` the potential's curvature
-        along λ (so ``ρ_k ≤ 1`` is a damped, stochastic EM fixed-point step whatever λ's
-        scale). Holding λ fixed within a draw matters: moved at every iteration, λ ran ahead
-        of the sampled spread, and on a 10-weight regression settled at 5× the
-        empirical-Bayes value. At ``stop_tuning`` they are frozen: every saved draw holds the
-        final value, and the trajectory (unconstrained values) is the
-        ``hyper_<value var>[_<k>]`` stats, e.g. ``hyper_lam_log__`` — over the tuning draws in
-        ``warmup_sample_stats`` with ``discard_tuned_samples=False`` — and
-        ``step.hyper_trajectory``. Give enough tuning draws for them to converge (the
-        digits example in the docs uses 1500).
-    hyper_rate
-        ``ρ_k``: a float or a schedule of the draw index ``k`` (default
-        ``polynomial_decay(a=1, b=1, gamma=0.6)``: a full EM step at the first draw, then
-        ``(1 + k)^-0.6``).
-    **kwargs
-        See :class:`SGMCMCStep` (``vars``, ``batch_size``, ``temperature``, ``thin``,
-        ``minibatch``, ``minibatch_data``).
-
-    References
-    ----------
-    .. [1] Mandt, S., Hoffman, M. D., Blei, D. M. (2017). Stochastic Gradient Descent as
-       Approximate Bayesian Inference. JMLR 18(134), §4.
-    """
-
-    name = "constant_sgd"
-
-    def __init__(
-        self,
-        vars: Sequence[Any] | None = None,
-        *,
-        step_size: float | str = "auto",
-        momentum: float | None = None,
-        preconditioner: str = "auto",
-        hyper_vars: Sequence[Any] | None = None,
-        hyper_rate: float | Schedule | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self.auto_step_size = step_size == "auto"
-        if not self.auto_step_size:
-            fixed_rate = float(as_schedule(step_size).value)  # type: ignore[attr-defined]
-            if preconditioner not in ("auto", "scalar"):
-                raise ValueError(
-                    f"A fixed step_size={step_size!r} is a scalar rate; preconditioner="
-                    f"{preconditioner!r} needs step_size='auto' (it is tuned from the gradient noise)."
-                )
-            preconditioner = "scalar"
-        super().__init__(vars, preconditioner=preconditioner, **kwargs)
-        if momentum is not None and not (0.0 < float(momentum) <= 1.0):
-            raise ValueError(f"momentum (damping μ) must be in (0, 1], got {momentum!r}.")
-        self.momentum = None if momentum is None else float(momentum)
-        if not self.auto_step_size:
-            self.search_draws = 0
-            self.precond_value = np.asarray(fixed_rate)
-        self.hyper_names: list[str] = []
-        self.hyper_trajectory: list[np.ndarray] = []
-        self.hyper_schedule: Schedule | None = None
-        if hyper_vars:
-            if not self.auto_step_size:
-                raise ValueError("hyper_vars (variational EM) needs step_size='auto'.")
-            self._setup_hyper(hyper_vars, hyper_rate)
-        if self.auto_step_size:
-            if self._sampled_idx is not None:
-                # Variational EM moves the hyperparameters between draws: no MALA.
-                self.full_batch = False
-            self._make_tuner(self.search_draws)
-
-    def _setup_hyper(self, hyper_vars: Sequence[Any], hyper_rate: Any) -> None:
-        model = self.problem.model
-        names = []
-        for v in hyper_vars:
-            name = v if isinstance(v, str) else v.name
-            rv = model.named_vars.get(name)
-            value = model.rvs_to_values.get(rv) if rv is not None else None
-            if value is None and rv in model.value_vars:
-                value = rv
-            if value is None or value.name not in [i.name for i in self.problem.var_infos]:
-                raise ValueError(
-                    f"hyper_vars contains {name!r}, which is not one of this step's free "
-                    f"variables {[i.name for i in self.problem.var_infos]}."
-                )
-            names.append(value.name)
-        hyper_idx, start = [], 0
-        for info in self.problem.var_infos:
-            if info.name in names:
-                hyper_idx.extend(range(start, start + info.size))
-            start += info.size
-        if len(hyper_idx) == self.problem.dim:
-            raise ValueError("hyper_vars covers every variable: nothing would be sampled.")
-        self.hyper_names = names
-        self._hyper_idx = np.asarray(hyper_idx)
-        self._sampled_idx = np.setdiff1d(np.arange(self.problem.dim), self._hyper_idx)
-        self.hyper_schedule = as_schedule(
-            hyper_rate if hyper_rate is not None else polynomial_decay(a=1.0, b=1.0, gamma=0.6),
-            "hyper_rate",
-        )
-        # PyMC's NDArray trace stores scalar stats only: one stat per hyper coordinate.
-        self._hyper_stat_names = []
-        for info in self.problem.var_infos:
-            if info.name in names:
-                for k in range(info.size):
-                    suffix = f"_{k}" if info.size > 1 else ""
-                    self._hyper_stat_names.append(f"hyper_{info.name}{suffix}")
-        shapes = dict(self.stats_dtypes_shapes)
-        for stat in self._hyper_stat_names:
-            shapes[stat] = (np.float64, [])
-        self.stats_dtypes_shapes = shapes
-        self.stats_dtypes = [{k: dtype for k, (dtype, _) in shapes.items()}]
-
-    def _hyper_schedule(self) -> Schedule | None:
-        return self.hyper_schedule
-
-    def _extra_stats(self, state: Any) -> dict[str, Any]:
-        if not self.hyper_names:
-            return {}
-        values = np.asarray(state.position)[self._hyper_idx]
-        if self.tune:
-            self.hyper_trajectory.append(values)
-        return {name: float(v) for name, v in zip(self._hyper_stat_names, values, strict=True)}
-
-    def _reset_tuning(self) -> None:
-        super()._reset_tuning()
-        self.hyper_trajectory = []
-
-    def _momentum(self) -> float | None:
-        return self.momentum
-
-    def _rates(self, noise_z: np.ndarray, cap: float, whitening: Any) -> Rates:
-        # All the noise the minibatch can give (share 1): the largest step whose gradient
-        # noise fits the budget, the rest injected (pymc_sgmcmc.tuning.rates). Above
-        # DENSE_MAX_DIM only the noise's diagonal is measured: its correlations (strong in a
-        # softmax's classes) then go uncorrected, so the minibatch may give only a quarter of
-        # the noise (the draws' variances then err by at most a quarter of that mismatch): on
-        # 600 group effects coupled to a global by an uncentred predictor (noise correlation
-        # 0.93 per row), share 1 gave the global 0.39x its sd, a quarter 0.88x
-        # (tests/test_large_dim.py).
-        share = 1.0 if noise_z.ndim == 2 else LANGEVIN_NOISE_SHARE
-        return langevin_rule(
-            noise_z,
-            noise_share=share,
-            step_cap=min(cap, CONSTANT_SGD_STEP_CAP),
-            temperature=self.temperature,
-            momentum=self.momentum,
-        )
-
-    def settings(self) -> dict[str, Any]:
-        return {
-            **super().settings(),
-            "step_size_rule": "kl_optimal" if self.auto_step_size else "fixed",
-            "momentum": self.momentum,
-        }
-
-
-class IASG(_PreconditionedSGD):
-    r"""Iterate-averaged stochastic gradients (Mandt, Hoffman & Blei 2017, §6, Algorithm 1).
-
-    Constant SGD :math:`\theta \leftarrow \theta - P \hat g` with the large preconditioned
-    rate :math:`P = (\epsilon/N)\,\hat C^{-1}`; one saved draw is the mean of a window of
-    ``T = N/B`` consecutive iterates — about one independent posterior draw per pass over the
-    data, the best any SG-MCMC method can do (§6.2).
-
-    Why the average has the posterior's covariance: in one direction with per-datum curvature
-    and noise :math:`c` (A = C), the iterates are AR(1) with coefficient :math:`1-\epsilon`
-    and innovation variance :math:`\epsilon^2/(Bc)`, so their stationary variance is
-    :math:`\epsilon / (Bc(2-\epsilon))` and the mean of ``T`` of them has variance
-    :math:`\frac{\epsilon}{Bc(2-\epsilon)} \cdot \frac{2-\epsilon}{\epsilon T} = 1/(BcT)`,
-    which is the posterior variance :math:`1/(Nc)` for ``T = N/B`` — whatever ε. A
-    ``temperature`` T multiplies it by shortening the window to ``N/(B T)``.
-
-    Preconditioning with :math:`\hat C^{-1}` (full up to 500 dimensions, diagonal above) makes
-    the preconditioned Hessian ≈ I, so the step-size conditions
-    :math:`B/(N\lambda_{min}) \ll \epsilon < 2/\lambda_{max}` hold without hand tuning. With
-    a diagonal or scalar preconditioner the correlations remain: a direction relaxes in
-    :math:`1/\lambda` iterations, λ the eigenvalue of :math:`P H` along it — about
-    :math:`1/(\epsilon\, \lambda_{min}(R))` for the slowest, R the correlation matrix. At the
-    end of tuning :math:`\lambda_{min}(P H)` is found by Lanczos (up to 400 dimensions) and a
-    warning is given when the window is shorter than 5 such times: the window then misses
-    about relaxation/window of that direction's variance.
-
-    Choosing ε. The window must span a few relaxation times (:math:`\epsilon T > 1`) for
-    consecutive draws to be nearly independent, but the iterates spread over
-    :math:`s = \epsilon N/(B(2-\epsilon))` posterior variances, and on a skewed posterior
-    their mean sits :math:`s` times as far from the mode as the posterior mean does (the
-    stationary iterates satisfy :math:`E[\nabla U] = 0` as the posterior does, and the
-    third-derivative term scales with their covariance), so the draws' means are off by
-    :math:`(s-1)` times that mode-to-mean gap. ``learning_rate="auto"`` sets
-    :math:`\epsilon = \min(0.5, 3/T)` with the full preconditioner: three relaxation times per
-    window and a spread of 1.5 posterior variances (measured on logistic regression, D = 20,
-    B = 256: the means 0.03–0.04 sd off in root mean square at N = 10⁴ and 10⁵, against
-    0.28 and 0.06 sd with the former :math:`10/T`, at the same ESS per pass within the
-    scatter). With a diagonal or scalar preconditioner the slower directions need more
-    relaxation times, so it stays :math:`\min(0.5, 10/T)` there. The window is then shortened
-    from ``N/B`` by about ``1/ε`` iterations, which makes up for the variance a finite window
-    misses (:func:`pymc_sgmcmc.tuning.iasg_window`).
-
-    Parameters
-    ----------
-    learning_rate
-        ε in :math:`P = (\epsilon/N) \hat C^{-1}`; ``"auto"`` (default) is
-        :math:`\min(0.5, 3/T)` with the full preconditioner and :math:`\min(0.5, 10/T)` with
-        a diagonal or scalar one, at least :math:`2/(T+1)` (which binds for ``T < 3`` only:
-        below it even one iterate is narrower than the posterior; a smaller explicit value
-        warns).
-    window
-        Iterates averaged per draw (default: ``N/(B·temperature)`` less the finite-window
-        correction, :func:`pymc_sgmcmc.tuning.iasg_window`); the same as ``thin``.
-    preconditioner
-        ``"auto"``, ``"scalar"``, ``"diagonal"`` or ``"full"``.
-    **kwargs
-        See :class:`SGMCMCStep`.
-
-    References
-    ----------
-    .. [1] Mandt, S., Hoffman, M. D., Blei, D. M. (2017). Stochastic Gradient Descent as
-       Approximate Bayesian Inference. JMLR 18(134), §6.
-    """
-
-    name = "iasg"
-
-    def __init__(
-        self,
-        vars: Sequence[Any] | None = None,
-        *,
-        learning_rate: float | str = "auto",
-        window: int | None = None,
-        **kwargs: Any,
-    ) -> None:
-        if window is not None and kwargs.get("thin") is not None and kwargs["thin"] != window:
-            raise ValueError("IASG's window is its thin: give one of them.")
-        if window is not None:
-            kwargs["thin"] = window
-        super().__init__(vars, **kwargs)
-        target = self.problem.data_size / (self.batch_size * self.temperature)
-        if learning_rate == "auto":
-            # Relaxation times per window: every direction relaxes at rate ε in whitened
-            # coordinates; under a diagonal or scalar whitening the correlated directions are
-            # slower.
-            relaxations = 3.0 if self.preconditioner == "full" else 10.0
-            learning_rate = min(0.5, relaxations / max(target, 1.0))
-        if not (0.0 < float(learning_rate) < 2.0):
-            raise ValueError(f"learning_rate must be 'auto' or in (0, 2), got {learning_rate!r}.")
-        self.learning_rate = float(learning_rate)
-        if window is None and kwargs.get("thin") is None and not self.full_batch:
-            self.thin = max(1, iasg_window(target, self.learning_rate))
-        self.window = self.thin
-        self._warned = False
-        self._make_tuner(self.search_draws)
-
-    def _rates(self, noise_z: np.ndarray, cap: float, whitening: Any) -> Rates:
-        # The window's mean has the posterior's variance when each iterate gets T h² W_eff of
-        # noise; the minibatch gives h² S of it, the rest is injected (tuning.rates).
-        return iasg_rule(
-            noise_z,
-            step_size=min(self.learning_rate, cap),
-            window=self.window,
-            temperature=self.temperature,
-        )
-
-    def stop_tuning(self) -> None:
-        super().stop_tuning()
-        if self._warned or self.preconditioner == "full":
-            return
-        rate = self._slowest_rate()
-        if rate is None:
-            return
-        relaxation = 1.0 / rate
-        if self.window < 5 * relaxation:
-            self._warned = True
-            warnings.warn(
-                f"IASG: the slowest direction relaxes in about {relaxation:.0f} iterations but the "
-                f"window is {self.window}: along it the draws will be too narrow (the window "
-                "misses part of its variance, about relaxation/window of it) and correlated. "
-                "Use preconditioner='full' (its cost per iteration grows as the square of the "
-                "dimension).",
-                UserWarning,
-                stacklevel=2,
-            )
-
-    def _slowest_rate(self) -> float | None:
-        """The smallest eigenvalue of ``P·H`` at the chain's position (``P`` the tuned
-        scalar or diagonal preconditioner, ``H`` the potential's Hessian on a block of rows):
-        the fraction by which the slowest direction contracts per iteration, the inverse of
-        its relaxation time. By Lanczos on the symmetric ``√P·H·√P`` (the same eigenvalues),
-        so the correlations that a diagonal or scalar ``P`` leaves in place are seen; an
-        estimate from above of the block's (exact up to rounding in up to 80 dimensions).
-
-        The block has ``R = max(1024, 50·D)`` rows (at most ``N``): a Hessian from ``R`` rows
-        has its smallest eigenvalue pulled down by up to ``(1 − √(D/R))²``
-        (Marchenko–Pastur), which overstates the relaxation time — up to 1.35× at
-        ``R = 50·D`` (measured at D = 60: 1.05–1.15×), so independent features never warn;
-        with the 1024 rows of the noise estimate it would be 10× at ``D = 500``. Above
-        ``MAX_RELAXATION_CHECK_DIM`` dimensions such a block makes the check slow (at
-        ``D = 1000`` and 20 000 rows, 3.3 s per chain and still 1.4× too long, enough to warn
-        on independent features), so there it returns None unless the block is every row
-        (``N ≤ 50·D``: the Hessian is then exact) — as it does before a tuned,
-        positive ``P`` or where ``P·H`` is not positive definite (no relaxation time)."""
-        dim = self.problem.dim
-        every_row = self.problem.data_size <= 50 * dim  # the block is the data: exact
-        if self.chain_state is None or (dim > MAX_RELAXATION_CHECK_DIM and not every_row):
-            return None
-        dtype = self.problem.dtype
-        precond = np.asarray(self.precond_value, dtype=np.float64)
-        if not np.all(np.isfinite(precond)):
-            return None
-        if precond.ndim == 2:
-            # a diagonal or scalar whitening whose per-direction steps follow the (dense)
-            # measured noise: P is dense but not A⁻¹
-            w = np.linalg.eigvalsh(0.5 * (precond + precond.T))
-            if w.min() <= 0:
-                return None
-            root_matrix = psd_sqrt(precond)
-        elif np.any(precond <= 0):
-            return None
-        compiled = self._compile()
-        key, state = self.chain_state
-        key = compiled["fold_in"](key, 4)
-        rows = min(self.problem.data_size, max(self._noise_rows, 50 * dim))
-        args = (key, state.position, self._last_fixed, self._tuning_data(key, rows))
-        local = self._tuning_local()
-        if precond.ndim == 2:
-
-            def scale(v: np.ndarray) -> np.ndarray:
-                return root_matrix @ v
-
-        else:
-            root = np.broadcast_to(np.sqrt(precond), (dim,))
-
-            def scale(v: np.ndarray) -> np.ndarray:
-                return root * v
-
-        def product(v: np.ndarray) -> np.ndarray:
-            hv = compiled["hessian_product"](
-                *args, local, np.asarray(scale(v), dtype=dtype), rows=rows
-            )
-            return scale(np.asarray(hv, dtype=np.float64))
-
-        smallest, largest = lanczos_extremes(product, dim)
-        if not (np.isfinite(smallest) and np.isfinite(largest)) or smallest <= 1e-9 * largest:
-            return None
-        return smallest
-
-    def _emit(self, state: Any, mean_position: Any, key: Any, fixed: tuple) -> Any:
-        # Full batch: a MALA chain's position (its iterates are draws; their mean is not).
-        return state.position if self.exact else mean_position
-
-    def settings(self) -> dict[str, Any]:
-        return {**super().settings(), "learning_rate": self.learning_rate, "window": self.window}
-
-
-class SGLD(SGMCMCStep):
-    r"""Stochastic-gradient Langevin dynamics (Welling & Teh 2011), preconditioned by the
-    measured curvature; optionally pSGLD.
-
-    .. math::
-
-        \theta \leftarrow \theta + \frac{\epsilon_t}{2} G\, \nabla\log\hat p(\theta) + \xi,
-        \qquad \xi \sim \mathcal N(0, \epsilon_t T G - \tfrac{\epsilon_t^2}{4} G S G)
-
-    with :math:`G = A^{-1}` the inverse of the potential's curvature measured while tuning
-    (the whitening of :mod:`pymc_sgmcmc.tuning.whitening`: every direction then has curvature
-    about 1 whatever the units) and ``S`` the measured covariance of the minibatch gradient:
-    the injected noise is what the target needs less what the minibatch already gives
-    (:mod:`pymc_sgmcmc.tuning.rates`), so the stationary covariance is the posterior's also
-    where the data do not inform a direction or the batch is the whole data set. With
-    ``batch_size ≥ N`` (the default up to 4096 rows) the chain is Metropolis-adjusted (MALA,
-    :mod:`pymc_sgmcmc.kernels.mala`) and exact.
-
-    Automatic step. The largest :math:`\epsilon = 2h` (whitened units) whose minibatch noise is
-    at most a share ``5·target_bias`` (default a quarter) of the noise the step needs, and
-    ``h ≤ 0.25``: a misestimated gradient noise then moves the variances by at most
-    ``target_bias`` per 20% of error. It relaxes in about ``2N/B`` iterations (two passes);
-    ConstantSGD uses all the noise the minibatch can give and mixes four times faster, at the
-    price of trusting the noise estimate.
-
-    Parameters
-    ----------
-    step_size
-        ``"auto"`` (default), a float ε, or a schedule such as
-        ``pmsg.schedules.polynomial_decay(a, b, gamma)`` (:math:`a (b+t)^{-\gamma}`). A
-        user's step is classic SGLD: noise ``N(0, ε T G)``, nothing subtracted.
-    preconditioner
-        ``"auto"`` (default: the dense whitening up to 500 dimensions, diagonal above),
-        ``"full"``, ``"diagonal"``, ``None`` (``G = I``: not invariant to the units of the
-        parameters) or ``"rmsprop"`` (pSGLD, Li et al. 2016).
-    target_bias
-        See "Automatic step" (default 0.05).
-    search_draws
-        Tuning draws spent reaching the mode (default 5).
-    **kwargs
-        See :class:`SGMCMCStep`.
-
-    References
-    ----------
-    .. [1] Welling, M., Teh, Y. W. (2011). Bayesian learning via stochastic gradient Langevin
-       dynamics. ICML.
-    .. [2] Li, C., Chen, C., Carlson, D., Carin, L. (2016). Preconditioned stochastic gradient
-       Langevin dynamics for deep neural networks. AAAI.
-    .. [3] Mandt, S., Hoffman, M. D., Blei, D. M. (2017), §5.1.
-    """
-
-    name = "sgld"
-
-    def __init__(
-        self,
-        vars: Sequence[Any] | None = None,
-        *,
-        step_size: float | Schedule | str = "auto",
-        preconditioner: str | None = "auto",
-        target_bias: float = 0.05,
-        search_draws: int = 5,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(vars, **kwargs)
-        if preconditioner not in (None, "auto", "rmsprop", "diagonal", "full"):
-            raise ValueError(
-                "SGLD preconditioner must be 'auto', 'full', 'diagonal', None or 'rmsprop', got "
-                f"{preconditioner!r}."
-            )
-        if preconditioner == "full" and self.problem.dim > DENSE_MAX_DIM:
-            raise ValueError(
-                f"preconditioner='full' needs the {self.problem.dim}x{self.problem.dim} Hessian "
-                f"({self.problem.dim} Hessian-vector products per measurement); above "
-                f"{DENSE_MAX_DIM} dimensions use preconditioner='diagonal'."
-            )
-        if preconditioner == "auto":
-            preconditioner = "full" if self.problem.dim <= DENSE_MAX_DIM else "diagonal"
-        self.preconditioner = preconditioner
-        self.precond_value: np.ndarray | None = None
-        self.inject_value: np.ndarray | None = None
-        if not (0 < target_bias < 1):
-            raise ValueError(f"target_bias must be in (0, 1), got {target_bias!r}.")
-        self.target_bias = float(target_bias)
-        self.auto_step_size = step_size == "auto"
-        self.schedule: Schedule | None = None if self.auto_step_size else as_schedule(step_size)
-        self.step_size_value = float("nan")
-        if int(search_draws) != search_draws or search_draws < 0:
-            raise ValueError(f"search_draws must be a non-negative integer, got {search_draws!r}.")
-        self.search_draws = int(search_draws)
-        self.whitening_kind = {
-            "full": "dense",
-            "diagonal": "diagonal",
-            None: "scalar",
-            "rmsprop": "diagonal",
-        }[preconditioner]
-        self._noise = NoiseEstimate()  # pSGLD's automatic step only
-        self._curvature = NoiseEstimate()
-        self._tune_calls = 0
-        if self.preconditioner == "rmsprop" or not self._whitened:
-            return  # pSGLD, or a user's step without a preconditioner: classic, untuned
-        if not self.auto_step_size:
-            self.full_batch = False  # a user's step is unadjusted Langevin
-        self._make_tuner(self.search_draws if self.auto_step_size else 0)
-
-    @property
-    def _whitened(self) -> bool:
-        """Whether the chain moves in the measured whitening (``G = A⁻¹``)."""
-        return self.preconditioner in ("full", "diagonal") or (
-            self.preconditioner is None and self.auto_step_size
-        )
-
-    def _kernel(self):
-        rmsprop = self.preconditioner == "rmsprop"
-        temperature = self.temperature
-        schedule = self.schedule
-        preconditioned = self.tuner is not None
-
-        def step(normal, state, grad_fn, params):
-            eps = params["step_size"]
-            if schedule is not None:
-                eps = params["shrink"] * schedule(state.iteration)
-            return sgld.step(
-                None,
-                state,
-                grad_fn,
-                eps,
-                temperature=temperature,
-                rmsprop=rmsprop,
-                normal=normal,
-                preconditioner=params["precond"] if preconditioned else None,
-                preconditioner_sqrt=params["precond_sqrt"] if preconditioned else None,
-            )
-
-        return sgld.init, step
-
-    def _rates(self, noise_z: np.ndarray, cap: float, whitening: Any) -> Rates:
-        if not self.auto_step_size:
-            # A user's ε: classic SGLD in the whitened coordinates (P = ε/2 A⁻¹, noise ε T A⁻¹;
-            # a schedule scales both in the kernel).
-            eps = float(self.schedule(0)) if self.schedule is not None else 1.0
-            h = 0.5 * eps
-            dim = noise_z.shape[0]
-            injected = self.temperature * eps * np.ones(dim)
-            if noise_z.ndim == 2:
-                injected = self.temperature * eps * np.eye(dim)
-            return Rates(h, np.full(dim, h), None, injected, 0.0, 1.0)
-        return langevin_rule(
-            noise_z,
-            noise_share=min(1.0, 5.0 * self.target_bias),
-            step_cap=min(cap, LANGEVIN_STEP_CAP),
-            temperature=self.temperature,
-        )
-
-    def _reset_tuning(self) -> None:
-        self._noise.reset()
-        self._curvature.reset()
-        self._tune_calls = 0
-        if self.auto_step_size:
-            self.step_size_value = float("nan")
-        if self.tuner is not None:
-            self.precond_value = None
-
-    def _tune_draw(self, state, fixed, key) -> None:
-        if self.tuner is not None:
-            super()._tune_draw(state, fixed, key)
-            if self.tuned is not None:
-                self.step_size_value = 2.0 * self.tuned.step_size
-            return
-        if self.preconditioner != "rmsprop" or not self.auto_step_size:
-            return
-        # pSGLD's automatic step (not whitened): the largest constant step whose stationary
-        # variance inflation under the RMSprop preconditioner is target_bias.
-        noise, curvature = self._estimate_noise(state.position, fixed, key)
-        self._tune_calls += 1
-        c = self._noise.update(noise)
-        h = self._curvature.update(curvature)
-        self.step_size_value = sgld_step_size(
-            c,
-            self.problem.data_size,
-            self.batch_size,
-            rmsprop=True,
-            target_bias=self.target_bias,
-            curvature=h,
-        )
-
-    def stop_tuning(self) -> None:
-        super().stop_tuning()
-        if self.tuner is not None and self.chain_state is not None:
-            if self._mala is not None:
-                self._mala.final()
-            self._set_tuned(self.tuner.final())
-            if self.tuned is not None:
-                self.step_size_value = 2.0 * self.tuned.step_size
-
-    def _params(self, iteration: int) -> dict[str, Any]:
-        if self.exact:
-            return self._mala_params()
-        dtype = self.problem.dtype
-        if self.tuner is None:
-            step = self.step_size_value if self.auto_step_size else float("nan")
-            if self.schedule is not None and not self.auto_step_size:
-                step = float(self.schedule(iteration)) if self.schedule is not None else step
-            return {
-                "step_size": np.asarray(
-                    (self.step_size_value if self.auto_step_size else step) * self._shrink,
-                    dtype=dtype,
-                ),
-                "shrink": np.asarray(self._shrink, dtype=dtype),
-            }
-        tuned = self.tuned
-        assert tuned is not None
-        whitening = tuned.whitening
-        if self.auto_step_size:
-            # ε = 2 h_max, G = P / h_max and √(εT)·S = R: the kernel's drift is P ∇log p̂
-            # and its noise the tuned injection.
-            eps = 2.0 * tuned.step_size
-            precond = np.asarray(tuned.preconditioner) / tuned.step_size
-            root = np.asarray(tuned.noise_factor) / np.sqrt(eps * self.temperature)
-        else:
-            eps = float(self.schedule(0)) * self._shrink if self.schedule is not None else 1.0
-            precond = whitening.covariance()
-            root = whitening.factor()
-        return {
-            "step_size": np.asarray(eps, dtype=dtype),
-            "shrink": np.asarray(self._shrink, dtype=dtype),
-            "precond": np.asarray(precond, dtype=dtype),
-            "precond_sqrt": np.asarray(root, dtype=dtype),
-        }
-
-    def settings(self) -> dict[str, Any]:
-        return {
-            **super().settings(),
-            "step_size": self.step_size_value if self.schedule is None else repr(self.schedule),
-            "step_size_rule": "auto_noise_share" if self.auto_step_size else "user",
-            "target_bias": self.target_bias,
-            "preconditioner": self.preconditioner,
-            **self._tuning_settings(),
-            **(
-                _preconditioner_summary(self.precond_value)
-                if self.precond_value is not None
-                else {}
-            ),
-        }
+def __getattr__(name: str) -> Any:
+    """The samplers lived here until 2026-11-26 (``pymc_sgmcmc.step_methods.SGLD``): the old
+    spelling, and step objects pickled with it, still resolve (``pymc_sgmcmc.SGLD`` is the
+    public one)."""
+    if name in _MOVED:
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,8 +21,9 @@ import numpy as np
 
 from pymc_sgmcmc.kernels import saga, svrg
 from pymc_sgmcmc.minibatch import full_data_chunks, noise_factor
-from pymc_sgmcmc.step_methods import NOISE_CHUNK_WORK, SGLD
+from pymc_sgmcmc.sgld import SGLD
 from pymc_sgmcmc.tuning.averaging import chunked_gradient_noise
+from pymc_sgmcmc.tuning.measurements import NOISE_CHUNK_WORK
 
 __all__ = ["SAGALD", "SVRGLD"]
 

@@ -82,7 +82,7 @@ def step(
     injected_noise_scale
         Extra gradient noise ``e ~ N(0, E)`` added to ``ĝ``: a ``(D,)`` vector of sds
         (diagonal ``E``) or a ``(D, D)`` square root ``L`` with ``L Lᵀ = E``
-        (``pymc_sgmcmc.step_methods._PreconditionedSGD._tuned`` says why).
+        (``pymc_sgmcmc.preconditioned_sgd._PreconditionedSGD._tuned`` says why).
     normal
         A pre-drawn standard normal shaped like the position for the injected noise, used
         instead of ``rng_key``.
