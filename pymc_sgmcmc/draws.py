@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pymc_sgmcmc.kernels.preconditioning import apply_preconditioner
 from pymc_sgmcmc.minibatch import (
@@ -26,9 +27,10 @@ from pymc_sgmcmc.minibatch import (
     minibatch_row_ids,
     take_minibatch,
 )
+from pymc_sgmcmc.out_of_core import CHUNK_ROWS
 from pymc_sgmcmc.variational import HybridState
 
-__all__ = ["DrawPlan", "ShardedData", "draw_functions"]
+__all__ = ["DrawPlan", "ShardedData", "draw_functions", "streamed_draw"]
 
 # A draw whose final minibatch loss exceeds the previous draw's by more than
 # max(LOSS_JUMP_ABS, LOSS_JUMP_REL * |previous|) is diverging too: an unstable step grows the
@@ -381,3 +383,53 @@ def _draw_sharded(plan: DrawPlan, sharded: ShardedData, finish: Callable) -> Cal
         return key, state, emitted, stats
 
     return draw_sharded
+
+
+def streamed_draw(
+    compiled: dict[str, Any],
+    key: Any,
+    state: Any,
+    fixed: tuple,
+    params: dict[str, Any],
+    thin: int,
+    b: int,
+    block: int,
+    read_rows: Callable,
+    rng: np.random.Generator,
+    n: int,
+    dtype: Any,
+) -> tuple:
+    """One draw on data read from the host (out of core): ``(key, state, emitted, stats)``
+    as the in-memory draw returns them. Its ``thin`` iterations run as compiled
+    ``draw_chunk`` calls over chunks of about ``CHUNK_ROWS`` rows, each chunk's minibatches
+    read by ``read_rows(starts, block)`` (blocks of ``block`` consecutive rows at the starts
+    ``rng`` draws), then ``finish``."""
+    per_batch = b // block
+    chunk = max(1, min(thin, CHUNK_ROWS // b))
+    key, key_draw = jax.random.split(key)
+    zeros = np.zeros(state.position.shape, dtype=dtype)
+    sums = (zeros, zeros)
+    norms, step_size, batches = [], None, None
+    for c, first in enumerate(range(0, thin, chunk)):
+        iters = min(chunk, thin - first)
+        starts = rng.integers(0, n, iters * per_batch)
+        arrays = read_rows(starts, block)
+        batches = tuple(a.reshape(iters, b, *a.shape[1:]) for a in arrays)
+        state, sums, step_size, chunk_norms = compiled["draw_chunk"](
+            jax.random.fold_in(key_draw, c), state, sums, batches, fixed, params
+        )
+        norms.append(chunk_norms)
+    last_batch = tuple(a[-1] for a in batches)
+    grad_norms = norms[0] if len(norms) == 1 else jnp.concatenate(norms)
+    state, emitted, stats = compiled["finish"](
+        state,
+        sums[0],
+        sums[1],
+        last_batch,
+        grad_norms,
+        step_size,
+        fixed,
+        params,
+        jax.random.fold_in(key_draw, 2**31 - 1),
+    )
+    return key, state, emitted, stats

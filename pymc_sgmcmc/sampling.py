@@ -12,14 +12,15 @@ How a draw is shared between the host and the device
 Tuning happens on the host, per chain, between draws (noise estimates, step sizes,
 preconditioners, retries of a diverged draw at a halved step). Each chain gets its own copy of
 the step object (sharing the compiled functions, never recompiling) and runs the step's own
-``step()`` in a thread of its own: its compiled draw is intercepted, and the draws of all
-chains meet in the main thread and run as one vmapped call. Everything else — tuning,
-divergence handling, the stats, the tuned settings — is the step method's own code, not a copy
-of it. After tuning the parameters of the compiled draw are frozen, so the sampling draws
-need no host round-trip: a compiled loop runs a whole chunk of vmapped draws, freezing a chain
-that diverges at its last finite state. Each chain's ``step()`` then books the chunk's draws
-as if it had run them itself (the compiled draw returns the loop's results), which also checks
-that the frozen parameters are those the step would have used.
+draw, :meth:`~pymc_sgmcmc.step_methods.SGMCMCStep.draw_steps` — ``step()`` as a generator
+that yields each compiled draw it needs: the draws all chains ask for run as one vmapped call
+and their results are sent back. Everything else — tuning, divergence handling, the stats,
+the tuned settings — is the step method's own code, not a copy of it. After tuning the
+parameters of the compiled draw are frozen, so the sampling draws need no host round-trip: a
+compiled loop runs a whole chunk of vmapped draws, freezing a chain that diverges at its last
+finite state. Each chain's ``draw_steps`` then books the chunk's draws as if it had run them
+itself (it is sent the loop's results), which also checks that the frozen parameters are
+those the step asks for.
 """
 
 from __future__ import annotations
@@ -29,12 +30,10 @@ import inspect
 import logging
 import math
 import os
-import queue
 import time
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -51,7 +50,7 @@ from pymc_sgmcmc._hooks import _DIVERGED, _STEPS
 from pymc_sgmcmc._precision import callers_x64, in_float64_of_step
 from pymc_sgmcmc._runtime import host_blas_threads
 from pymc_sgmcmc.errors import DivergenceError, ModelNotSupportedError
-from pymc_sgmcmc.step_methods import SGMCMCStep, bind_steps
+from pymc_sgmcmc.step_methods import DrawRequest, SGMCMCStep, bind_steps
 
 __all__ = ["sample"]
 
@@ -168,8 +167,8 @@ def sample(
     another ``cores`` groups the chains differently and may round differently.
 
     **Cost.** The tuning draws take one host round-trip each (all chains together: the
-    per-chain noise estimates run in the chains' threads, the draw is one vmapped call per
-    group); the sampling draws one per chunk. On a CPU a vmapped draw costs about the sum of
+    per-chain noise estimates one chain after another, the draw one vmapped call per group);
+    the sampling draws one per chunk. On a CPU a vmapped draw costs about the sum of
     its chains' (the work of an iteration is arithmetic that batching does not share), so
     the chains are split into ``cores`` groups run side by side in threads. See
     ``benchmarks/vectorised.py``.
@@ -308,7 +307,6 @@ def _run_chains(
                         tuning=False,
                     )
     finally:
-        lockstep.close()
         engine.close()
         for trace in traces:
             trace.close()
@@ -333,10 +331,11 @@ def _sample_frozen(
     carries = {}
     for g, chains in enumerate(engine.groups):
         requests = [
-            _Request(
+            DrawRequest(
                 *runners[c].chain_state,
                 runners[c]._last_fixed,
                 {**frozen[c], "ref_loss": np.asarray(runners[c]._ref_loss, dtype=dtype)},
+                runners[c]._draw_index,
             )
             for c in chains
         ]
@@ -619,7 +618,7 @@ class _Engine:
 
         return self.jax.tree.map(leaf, *trees)
 
-    def stack_chains(self, requests: list[_Request], halted: list[bool]) -> _Carry:
+    def stack_chains(self, requests: list[DrawRequest], halted: list[bool]) -> _Carry:
         """A group's carry from its chains' draw requests (``params`` with ``ref_loss``)."""
         live = {
             int(r.state.iteration) for r, stop in zip(requests, halted, strict=True) if not stop
@@ -647,10 +646,10 @@ class _Engine:
 
         return self.jax.tree.map(leaf, tree)
 
-    def draw_together(self, requests: dict[int, _Request]) -> dict[int, tuple]:
-        """One vmapped draw for the chains in ``requests`` (their ``step()`` called the
-        compiled draw), one call per group that has any; the slots of a group's other chains
-        repeat one of its requests and are discarded."""
+    def draw_together(self, requests: dict[int, DrawRequest]) -> dict[int, tuple]:
+        """One vmapped draw for the chains in ``requests`` (what their ``draw_steps`` asked
+        for), one call per group that has any; the slots of a group's other chains repeat one
+        of its requests and are discarded."""
         carries = {}
         for g, chains in enumerate(self.groups):
             asked = [c for c in chains if c in requests]
@@ -670,108 +669,59 @@ class _Engine:
         return results
 
 
-# -- each chain's own step(), batched --------------------------------------------------------
-
-
-@dataclass
-class _Request:
-    key: Any
-    state: Any
-    fixed: tuple
-    params: dict[str, Any]
-    reply: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
-
-
-class _Aborted(Exception):
-    """The main thread stopped (an error or Ctrl-C) while a chain waited for its draw."""
+# -- each chain's own draw, batched --------------------------------------------------------
 
 
 class _Lockstep:
-    """Runs every chain's ``step(point)`` in a thread of its own, with the compiled draw
-    intercepted (``_run_draw``): the main thread collects the draws of all chains still
-    inside ``step()`` and runs them as one vmapped call. A chain whose tuning draw diverged
-    asks again (the step's retry at a halved step) and is batched alone.
+    """Every chain's draw (:meth:`SGMCMCStep.draw_steps`, the host's part of ``step()``) driven
+    side by side: the compiled draws the chains ask for are run together, one vmapped call per
+    group (:meth:`_Engine.draw_together`), and each result is sent back to its chain. A chain
+    whose tuning draw diverged asks again (its retry at a halved step) and is batched with
+    the others still asking, or alone.
 
-    ``replay`` calls a chain's ``step()`` in the main thread with the compiled draw replaced
-    by a result computed already (by the compiled loop), after checking that the step passes
-    the parameters the loop used."""
+    ``replay`` books a draw the compiled loop ran already: the chain's ``draw_steps`` is sent
+    that result, after a check that the chain asked for the parameters the loop used."""
 
     def __init__(self, runners: list[SGMCMCStep], engine: _Engine) -> None:
         self.runners = runners
         self.engine = engine
-        self.messages: queue.SimpleQueue = queue.SimpleQueue()
-        self.pool = ThreadPoolExecutor(max_workers=len(runners), thread_name_prefix="pmsg-chain")
-        self.aborted = False
-        self._replay: dict[int, tuple] = {}
-        for c, runner in enumerate(runners):
-            runner._run_draw = self._intercept(c)  # type: ignore[method-assign]
-
-    def _intercept(self, c: int) -> Callable:
-        def run_draw(key, state, fixed, params, draw_index):
-            if c in self._replay:
-                result, expected = self._replay.pop(c)
-                _check_frozen(self.runners[c], params, expected)
-                return result
-            if self.aborted:
-                raise _Aborted
-            request = _Request(key, state, fixed, params)
-            self.messages.put(("draw", c, request))
-            while True:
-                try:
-                    out = request.reply.get(timeout=0.5)
-                    break
-                except queue.Empty:
-                    if self.aborted:
-                        raise _Aborted from None
-            if isinstance(out, BaseException):
-                raise out
-            return out
-
-        return run_draw
-
-    def _run(self, c: int, point: dict) -> Any:
-        try:
-            return self.runners[c].step(point)
-        finally:
-            self.messages.put(("done", c, None))
 
     def step(self, points: list[dict]) -> list[tuple[dict, list[dict]]]:
-        futures = [self.pool.submit(self._run, c, p) for c, p in enumerate(points)]
-        active = set(range(len(points)))
-        waiting: dict[int, _Request] = {}
-        try:
-            while active:
-                kind, c, request = self.messages.get()
-                if kind == "done":
-                    active.discard(c)
-                else:
-                    waiting[c] = request
-                if waiting and active <= set(waiting):
-                    try:
-                        results: dict[int, Any] = self.engine.draw_together(waiting)
-                    except Exception as error:  # handed to the chains, raised below
-                        results = dict.fromkeys(waiting, error)
-                    for c, request in waiting.items():
-                        request.reply.put(results[c])
-                    waiting = {}
-        except BaseException:
-            self.aborted = True
-            raise
-        # The first chain's error, as a sequential pm.sample would meet it.
-        return [future.result() for future in futures]
+        steps = {c: runner.draw_steps(points[c]) for c, runner in enumerate(self.runners)}
+        done: dict[int, Any] = {}
+        errors: dict[int, BaseException] = {}
+        asking: dict[int, DrawRequest] = {}
+
+        def advance(c: int, result: Any = None, first: bool = False) -> None:
+            try:
+                asking[c] = next(steps[c]) if first else steps[c].send(result)
+            except StopIteration as finished:
+                done[c] = finished.value
+            except Exception as error:  # raised below in chain order, as pm.sample meets it
+                errors[c] = error
+
+        for c in steps:
+            advance(c, first=True)
+        while asking:
+            requests, asking = asking, {}
+            results = self.engine.draw_together(requests)
+            for c in requests:
+                advance(c, results[c])
+        if errors:
+            raise errors[min(errors)]
+        return [done[c] for c in range(len(self.runners))]
 
     def replay(self, c: int, point: dict, result: tuple, expected: dict) -> Any:
-        self._replay[c] = (result, expected)
+        steps = self.runners[c].draw_steps(point)
+        request = next(steps)
+        _check_frozen(self.runners[c], request.params, expected)
         try:
-            return self.runners[c].step(point)
-        finally:
-            self._replay.pop(c, None)
-
-    def close(self) -> None:
-        self.aborted = True
-        self.pool.shutdown(wait=True)
-        for runner in self.runners:
-            runner.__dict__.pop("_run_draw", None)
+            steps.send(result)
+        except StopIteration as finished:
+            return finished.value
+        raise RuntimeError(  # a retry: only tuning draws are retried
+            f"{type(self.runners[c]).__name__} asked to redo a draw of the compiled loop."
+        )
 
 
 def _check_frozen(runner: SGMCMCStep, params: dict, expected: dict) -> None:
@@ -840,7 +790,7 @@ def _adopt_last_chain(step: SGMCMCStep, runners: list[SGMCMCStep]) -> None:
     """Leave ``step`` as ``pm.sample(cores=1)`` leaves it: holding the last chain's tuned
     values and state, and every chain's settings record."""
     records = [r.chain_settings[-1] for r in runners if r.chain_settings]
-    step.__dict__.update({k: v for k, v in vars(runners[-1]).items() if k != "_run_draw"})
+    step.__dict__.update(vars(runners[-1]))
     step.chain_settings = records
 
 

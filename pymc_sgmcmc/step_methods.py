@@ -17,9 +17,9 @@ import inspect
 import json
 import math
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import pymc as pm
@@ -40,7 +40,7 @@ from pymc_sgmcmc.distributed import (
     gather_layout,
     process_count,
 )
-from pymc_sgmcmc.draws import DrawPlan, ShardedData, draw_functions
+from pymc_sgmcmc.draws import DrawPlan, ShardedData, draw_functions, streamed_draw
 from pymc_sgmcmc.errors import (
     DataShapeError,
     DivergenceError,
@@ -54,7 +54,7 @@ from pymc_sgmcmc.minibatch import (
     layout_data,
     minibatch_indices,
 )
-from pymc_sgmcmc.out_of_core import CHUNK_ROWS, as_row_source, is_in_memory, with_data
+from pymc_sgmcmc.out_of_core import as_row_source, is_in_memory, with_data
 from pymc_sgmcmc.schedules import Schedule, as_schedule
 from pymc_sgmcmc.sharding import (
     resolve_devices,
@@ -170,6 +170,17 @@ def bind_steps(step: Any, model: pm.Model | None) -> Any:
     if isinstance(step, list | tuple) and any(isinstance(s, UnboundStep) for s in step):
         return type(step)(bind_steps(s, model) for s in step)
     return step
+
+
+class DrawRequest(NamedTuple):
+    """A compiled draw a chain's :meth:`SGMCMCStep.draw_steps` asks for: the arguments of
+    :meth:`SGMCMCStep._run_draw`."""
+
+    key: Any
+    state: Any
+    fixed: tuple
+    params: dict[str, Any]
+    draw_index: int
 
 
 class SGMCMCStepState(StepMethodState):
@@ -967,44 +978,47 @@ class SGMCMCStep(
         compiled = self._compile()
         if not self.streaming:
             return compiled["draw"](key, state, compiled["data"], fixed, params)
-        jax = compiled["jax"]
-        n, b, thin = self.problem.data_size, self.batch_size, self.thin
-        s = block_rows(n, b) if self.minibatch == "blocks" else 1
-        per_batch = b // s
-        chunk = max(1, min(thin, CHUNK_ROWS // b))
-        key, key_draw = jax.random.split(key)
+        n, b = self.problem.data_size, self.batch_size
         # The rows of draw k of this chain, whatever happened before: retried draws see the
         # same minibatches, like the in-memory path's key.
         rng = np.random.default_rng([self._host_seed, draw_index])
-        zeros = np.zeros(state.position.shape, dtype=self.problem.dtype)
-        sums = (zeros, zeros)
-        norms, step_size, batches = [], None, None
-        for c, first in enumerate(range(0, thin, chunk)):
-            iters = min(chunk, thin - first)
-            starts = rng.integers(0, n, iters * per_batch)
-            arrays = self._read_rows(starts, s)
-            batches = tuple(a.reshape(iters, b, *a.shape[1:]) for a in arrays)
-            state, sums, step_size, chunk_norms = compiled["draw_chunk"](
-                jax.random.fold_in(key_draw, c), state, sums, batches, fixed, params
-            )
-            norms.append(chunk_norms)
-        last_batch = tuple(a[-1] for a in batches)
-        grad_norms = norms[0] if len(norms) == 1 else jax.numpy.concatenate(norms)
-        state, emitted, stats = compiled["finish"](
+        rows = block_rows(n, b) if self.minibatch == "blocks" else 1
+        return streamed_draw(
+            compiled,
+            key,
             state,
-            sums[0],
-            sums[1],
-            last_batch,
-            grad_norms,
-            step_size,
             fixed,
             params,
-            jax.random.fold_in(key_draw, 2**31 - 1),
+            self.thin,
+            b,
+            rows,
+            self._read_rows,
+            rng,
+            n,
+            self.problem.dtype,
         )
-        return key, state, emitted, stats
 
     # -- one draw --------------------------------------------------------------------------------
     def step(self, point: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[dict]]:
+        """PyMC's step: one draw of the chain from ``point`` — :meth:`draw_steps` with its
+        compiled draws run here, one chain at a time."""
+        steps = self.draw_steps(point)
+        try:
+            request = next(steps)
+            while True:
+                request = steps.send(self._run_draw(*request))
+        except StopIteration as done:
+            return done.value
+
+    def draw_steps(
+        self, point: dict[str, np.ndarray]
+    ) -> Generator[DrawRequest, tuple, tuple[dict[str, np.ndarray], list[dict]]]:
+        """One draw of the chain from ``point``, as a generator: the host's part (the chain's
+        start, tuning, retries of a diverged tuning draw, the stats and the saved point) runs
+        here, and each compiled draw it needs is yielded as a :class:`DrawRequest`, to be sent
+        back its result ``(key, state, emitted, stats)`` — by :meth:`step` one chain at a
+        time, by :func:`pymc_sgmcmc.sample` for all chains in one vmapped call. Returns
+        ``(point, [stats])`` as :meth:`step` does."""
         if self._stopped is not None:
             # The previous draw diverged while sampling: the chain ends here (pm.sample keeps
             # the draws so far; see pymc_sgmcmc._hooks).
@@ -1062,7 +1076,7 @@ class SGMCMCStep(
         self._draw_index += 1
         for attempt in range(DIVERGENCE_RETRIES + 1):
             params = self._draw_params(int(state.iteration))
-            new_key, new_state, emitted, stats = self._run_draw(
+            new_key, new_state, emitted, stats = yield DrawRequest(
                 key, state, fixed, params, draw_index
             )
             check = stats.pop("check_terms", None)
