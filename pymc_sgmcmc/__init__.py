@@ -24,6 +24,7 @@ from pymc_sgmcmc.errors import DataShapeError, DivergenceError, ModelNotSupporte
 from pymc_sgmcmc.iasg import IASG
 from pymc_sgmcmc.model_checking import ElpdDifference, LooSubsample, log_likelihood, loo_subsample
 from pymc_sgmcmc.recording import DrawWriter, read_draws
+from pymc_sgmcmc.registry import SAMPLERS
 from pymc_sgmcmc.sampling import sample
 from pymc_sgmcmc.sgfs import SGFS
 from pymc_sgmcmc.sghmc import SGHMC
@@ -64,7 +65,7 @@ __all__ = [
 
 # Listed with PyMC's step methods (so step_kwargs by name and tooling see them); their
 # competence is INCOMPATIBLE, so pm.sample never assigns them unless the user names them.
-for _cls in (ConstantSGD, SGLD, IASG, SAGALD, SVRGLD, SGFS, SGHMC):
-    if _cls not in pm.STEP_METHODS:
-        pm.STEP_METHODS.append(_cls)
+for _spec in SAMPLERS:
+    if _spec.cls not in pm.STEP_METHODS:
+        pm.STEP_METHODS.append(_spec.cls)
 _install_hooks()

@@ -77,7 +77,7 @@ _DRAWS = _COMMON + textwrap.dedent(
     # first few of the same draws (a draw does not depend on how many follow it): every
     # iteration of two processes crosses the loopback, ~0.5 ms each.
     FEW = MODE != "sim"
-    idata = run(pmsg.IASG(data=shards()), draws=40 if FEW else 250, tune=60, chains=2)
+    idata = run(pmsg.IASG(data=shards()), draws=10 if FEW else 250, tune=60, chains=2)
     out["iasg"] = idata.posterior["b"].values.tolist()
     import arviz as az
     out["iasg_ess"] = az.ess(idata)["b"].values.tolist()

@@ -21,6 +21,7 @@ import pymc as pm
 import pytest
 
 import pymc_sgmcmc as pmsg
+from pymc_sgmcmc.registry import SAMPLERS
 
 N = 8000
 SAMPLE = dict(chains=2, cores=1, random_seed=3, progressbar=False, compute_convergence_checks=False)
@@ -57,13 +58,11 @@ def _exact(x, y):
     return {"a": draws[:, 0], "b": draws[:, 1], "sigma": np.sqrt(s2)}
 
 
-LANGEVIN = {"SGLD", "SAGALD", "SVRGLD", "SGHMC"}
+LANGEVIN = {s.name for s in SAMPLERS if s.tolerance == "langevin"}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "sampler", ["IASG", "ConstantSGD", "SGFS", "SGLD", "SAGALD", "SVRGLD", "SGHMC"]
-)
+@pytest.mark.parametrize("sampler", [s.name for s in SAMPLERS])
 def test_a_predictor_in_metres_or_kilometres_gives_the_same_posterior(sampler):
     metres, y = _data()
     tol_mean, tol_sd = (0.15, 0.15) if sampler in LANGEVIN else (0.10, 0.10)

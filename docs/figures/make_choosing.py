@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pymc_sgmcmc.registry import SAMPLERS as REGISTRY
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results" / "posteriordb.json"
 OUT = ROOT / "docs" / "figures" / "choosing_table.md"
-SAMPLERS = ["IASG", "ConstantSGD", "SGFS", "SGHMC", "SGLD", "SAGALD", "SVRGLD"]
+SAMPLERS = [s.name for s in REGISTRY]  # the table's columns, in the registry's order
 
 # (row label, N shown, predicate on a result) — by model shape and size.
 REGRESSIONS = {
