@@ -56,9 +56,9 @@ import pymc.sampling.parallel as parallel
 import xarray as xr
 from pymc.step_methods.compound import CompoundStep
 
+from pymc_sgmcmc._minibatch_models import _minibatch_slices
 from pymc_sgmcmc._multiprocessing import sample_in_this_process
 from pymc_sgmcmc._runtime import host_blas_threads, set_current_chain
-from pymc_sgmcmc.bridge import _minibatch_slices
 from pymc_sgmcmc.diagnostics import run_checks
 from pymc_sgmcmc.distributed import is_collective_failure, lost_process_error
 from pymc_sgmcmc.errors import DivergenceError, ModelNotSupportedError

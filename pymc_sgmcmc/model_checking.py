@@ -37,15 +37,10 @@ from pytensor.graph.replace import clone_replace
 from pytensor.graph.traversal import graph_inputs
 from scipy.special import logsumexp
 
+from pymc_sgmcmc._bridge_jax import _jaxify
+from pymc_sgmcmc._minibatch_models import _data_leaf_value, _full_data_model
 from pymc_sgmcmc._precision import in_float64
-from pymc_sgmcmc.bridge import (
-    _data_leaf_value,
-    _full_data_model,
-    _jaxify,
-    _replace_shared_scalars,
-    _rows_to_batch_length,
-    build_problem,
-)
+from pymc_sgmcmc.bridge import _replace_shared_scalars, _rows_to_batch_length, build_problem
 
 __all__ = ["ElpdDifference", "LooSubsample", "log_likelihood", "loo_subsample"]
 

@@ -30,11 +30,6 @@ OVERSIZE = {
         "the PyMC step protocol, argument checks, compilation wiring, the draw loop with its "
         "retries and emission; to split into a chain engine and a thin BlockedStep",
     ),
-    "bridge.py": (
-        1175,
-        "model -> JAX functions, with the ADVI-model reading and the data checks; to split "
-        "into bridge / minibatch-model reading / data checks",
-    ),
     "sampling.py": (
         875,
         "pmsg.sample: the arguments, the chains' draws driven side by side, the vmapped "

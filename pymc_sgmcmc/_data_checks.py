@@ -1,0 +1,161 @@
+"""The bridge's checks of the data before anything compiles: non-finite rows, imputed
+observed values, and variables whose leading axis does not line up with the data's rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pymc as pm
+import pytensor
+from pytensor.compile.ops import ViewOp
+from pytensor.graph.basic import Variable
+
+from pymc_sgmcmc._minibatch_models import _data_leaf_value, _optional_op_types
+from pymc_sgmcmc.errors import DataShapeError, ModelNotSupportedError, non_finite_rows
+
+
+def _imputations(model: pm.Model) -> list[tuple[str, Variable, Variable]]:
+    """``(name, observed part, imputed free part)`` of every observed variable with missing data.
+
+    Given ``observed=`` data with NaNs (or a masked array), PyMC registers the observed entries
+    as an observed variable ``{name}_observed``, the missing ones as a free variable
+    ``{name}_unobserved``, and records the split in the model as the Deterministic ``{name}``
+    that writes both back into one array (``set_subtensor`` into an empty array, one mask
+    each). That Deterministic is what is detected, not the names; the general case (a
+    ``PartialObservedRV`` node, which makes both parts) is detected from the op as well.
+    """
+    observed, free = set(model.observed_RVs), set(model.free_RVs)
+    found: list[tuple[str, Variable, Variable]] = []
+    for det in model.deterministics:
+        var = det
+        while var.owner is not None and isinstance(var.owner.op, ViewOp):
+            var = var.owner.inputs[0]
+        written = []
+        while var.owner is not None and getattr(var.owner.op, "set_instead_of_inc", False):
+            written.append(var.owner.inputs[1])
+            var = var.owner.inputs[0]
+        obs = [w for w in written if w in observed]
+        unobs = [w for w in written if w in free]
+        if obs and unobs:
+            found.append((det.name, obs[0], unobs[0]))
+    partial_ops = _optional_op_types("pymc.distributions.distribution:PartialObservedRV")
+    seen = {o for _, o, _ in found}
+    for rv in model.observed_RVs:
+        if rv not in seen and partial_ops and isinstance(rv.owner.op, partial_ops):
+            unobs = [o for o in rv.owner.outputs if o in free]
+            name = rv.name.removesuffix("_observed") if rv.name else rv.name
+            found.append((name, rv, unobs[0] if unobs else rv))
+    return found
+
+
+def _check_imputation(model: pm.Model) -> None:
+    for name, obs, unobs in _imputations(model):
+        raise ModelNotSupportedError(
+            f"The observed data of {name!r} have missing values (NaN or masked entries), so PyMC "
+            f"split {name!r} into the observed variable {obs.name!r} and the free variable "
+            f"{unobs.name!r} that imputes the missing entries. The stochastic-gradient samplers "
+            "cannot minibatch such a split likelihood: its observed rows no longer line up with "
+            "the rows of the other data (covariates, group indices). Drop the rows with missing "
+            "values before building the model (keep = ~np.isnan(data); observed=data[keep], and "
+            "index every row-aligned covariate with [keep] too), or sample this model with "
+            "pm.sample() (NUTS), which imputes them."
+        )
+
+
+def check_finite_rows(name: str, value: Any, data_size: int) -> None:
+    """Refuse a minibatched container with non-numeric or non-finite values, naming it and
+    its first bad row (NUTS reports these as a model it cannot evaluate at the start; here
+    they would only surface as a divergence)."""
+    array = np.asarray(value)
+    shape = "x".join(map(str, array.shape))
+    if array.dtype.kind not in "biuf":
+        raise DataShapeError(
+            f"The data in {name} ({shape}, dtype {array.dtype}) are not numeric: the "
+            "stochastic-gradient samplers need numbers in every minibatched container. "
+            "Encode categories as integer codes (e.g. pandas.factorize) and convert the "
+            "column with .astype(float) or .astype(int)."
+        )
+    if array.dtype.kind != "f" or np.all(np.isfinite(array)):
+        return
+    bad = ~np.isfinite(array.reshape(array.shape[0], -1)).all(axis=1)
+    rows = np.flatnonzero(bad)
+    raise non_finite_rows(name, array.shape, rows, array[rows[0]], data_size, streamed=False)
+
+
+def _probe_rows(
+    model: pm.Model,
+    sampled: list[Variable],
+    fixed: list[Variable],
+    placeholders: list[Variable],
+    data_arrays: list[np.ndarray],
+    rows_graph: Variable,
+    initial_point: dict[str, np.ndarray],
+    mb_names: list[str],
+    data_size: int,
+    full_rows_graph: Variable | None = None,
+) -> None:
+    """Evaluate the row graph on a 2-row batch (NumPy, no JAX) to catch misaligned data.
+
+    With row-aligned local variables (``full_rows_graph``, the row graph before any slicing)
+    the sliced rows must also equal the first rows of the full graph: a local that the
+    likelihood reads other than row by row would otherwise be sliced silently.
+
+    A container the likelihood reads whose row count disagrees with ``N`` (say ``X`` with one
+    row more than ``y``) is not sliced, so the batch's rows would broadcast against all of it;
+    that surfaces here as a shape error, reported with every container's leading length.
+    """
+    probe_rows = min(2, data_size)
+    fn = pytensor.function(
+        [*sampled, *fixed, *placeholders],
+        rows_graph,
+        mode="FAST_COMPILE",
+        on_unused_input="ignore",
+    )
+    args = [initial_point[v.name] for v in (*sampled, *fixed)]
+    args += [a[:probe_rows] for a in data_arrays]
+    try:
+        out = np.asarray(fn(*args))
+    except (ValueError, IndexError, AssertionError) as err:
+        raise _misaligned(model, mb_names, data_size, err) from err
+    if out.shape != (probe_rows,):
+        raise _misaligned(
+            model,
+            mb_names,
+            data_size,
+            f"a {probe_rows}-row minibatch gave log-likelihood rows of shape {out.shape}",
+        )
+    if full_rows_graph is not None:
+        full_fn = pytensor.function(
+            [*sampled, *fixed], full_rows_graph, mode="FAST_COMPILE", on_unused_input="ignore"
+        )
+        full = np.asarray(full_fn(*[initial_point[v.name] for v in (*sampled, *fixed)]))
+        if not np.allclose(out, full[:probe_rows], rtol=1e-6, atol=1e-8):
+            raise ModelNotSupportedError(
+                "A local variable whose leading axis is the data axis is read by the "
+                "likelihood other than row by row (the minibatch's rows do not reproduce the "
+                "full data's), so it cannot be minibatched with the data. Make the local's "
+                "leading axis differ from the data's, or index it with a row-aligned integer "
+                "array (pm.Data) in the likelihood."
+            )
+
+
+def _misaligned(
+    model: pm.Model, mb_names: list[str], data_size: int, problem: object
+) -> DataShapeError:
+    """The error for row-misaligned data, listing every data container's leading length."""
+    if isinstance(problem, BaseException):
+        problem = f"{type(problem).__name__}: {str(problem).splitlines()[0]}"
+    lengths = {}
+    for v in model.data_vars:
+        value = _data_leaf_value(v)
+        if value is not None and value.ndim >= 1:
+            lengths[v.name] = int(value.shape[0])
+    return DataShapeError(
+        f"The data of the minibatched likelihood ({mb_names}) are not row-aligned: the "
+        f"observed data have N={data_size} rows, and the data containers have leading "
+        f"lengths {lengths} ({problem}). Give every row-aligned container (X, y, group "
+        "indices...) the same number of rows, or name the containers to minibatch with "
+        "minibatch_data=[...]."
+    )
