@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import REPO, append_section, git_state, run_script  # noqa: E402
 from throughput import cpu_model, system_busy_seconds  # noqa: E402
 
-from pymc_sgmcmc.sampling import _usable_cpus  # noqa: E402
+from pymc_sgmcmc._chain_engine import _usable_cpus  # noqa: E402
 
 _PRELUDE = textwrap.dedent(
     """
@@ -149,7 +149,7 @@ _PAIRED = (
                 t = time.perf_counter()
                 pmsg.sample(chains=chains, **kw)
                 out.append(time.perf_counter() - t)
-    from pymc_sgmcmc.sampling import _usable_cpus  # what the default cores counts
+    from pymc_sgmcmc._chain_engine import _usable_cpus  # what the default cores counts
     print("RESULT" + json.dumps({"ones": ones, "fours": fours, "cpus": _usable_cpus()}))
     """
     )

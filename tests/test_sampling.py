@@ -201,7 +201,7 @@ def test_small_state_leaves_are_stacked_and_split_on_the_host():
     # chain (SAGA-LD's table at large N) stays on the device both ways.
     import jax.numpy as jnp
 
-    from pymc_sgmcmc.sampling import _HOST_LEAF_BYTES, _Engine
+    from pymc_sgmcmc._chain_engine import _HOST_LEAF_BYTES, _Engine
 
     engine = _Engine.__new__(_Engine)
     engine.jax, engine.jnp = jax, jnp

@@ -30,11 +30,6 @@ OVERSIZE = {
         "the PyMC step protocol, argument checks, compilation wiring, the draw loop with its "
         "retries and emission; to split into a chain engine and a thin BlockedStep",
     ),
-    "sampling.py": (
-        875,
-        "pmsg.sample: the arguments, the chains' draws driven side by side, the vmapped "
-        "compiled loop and its groups, the result; the loop and groups to a module of their own",
-    ),
     "model_checking.py": (
         875,
         "log-likelihood on a subsample and subsampled LOO (one subject, a reference "
