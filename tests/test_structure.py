@@ -19,7 +19,7 @@ CLASS_LINES = 300
 # growing past it fails; shrinking a file lowers its ceiling in the same commit.
 OVERSIZE = {
     "step_methods.py": (
-        1300,
+        1275,
         "the steps' base class: the PyMC step protocol, argument checks, compilation wiring "
         "and the draw loop (the samplers, draw bodies, measurements, host tuning and "
         "self-check are modules of their own); to split into a chain engine and a thin "
@@ -34,11 +34,6 @@ OVERSIZE = {
         875,
         "log-likelihood on a subsample and subsampled LOO (one subject, a reference "
         "implementation with its estimators side by side)",
-    ),
-    "variational.py": (
-        680,
-        "the hybrid and its two families (the tridiagonal algebra is _tridiagonal.py); the "
-        "families to a module of their own",
     ),
 }
 

@@ -19,6 +19,7 @@ from posteriors.common import score, verdict
 from posteriors.posteriordb import build, reference
 
 import pymc_sgmcmc as pmsg
+from pymc_sgmcmc import _tridiagonal as T
 from pymc_sgmcmc import variational as V
 from pymc_sgmcmc.errors import ModelNotSupportedError
 
@@ -55,7 +56,7 @@ def test_tridiagonal_factor_solves_and_inverse_diagonal_match_dense_algebra(n):
         atol=1e-12,
     )
     np.testing.assert_allclose(
-        V._tridiagonal_inverse_diagonal(l_diag, c), np.diag(np.linalg.inv(dense)), atol=1e-12
+        T._tridiagonal_inverse_diagonal(l_diag, c), np.diag(np.linalg.inv(dense)), atol=1e-12
     )
 
 
@@ -64,8 +65,8 @@ def test_colour_probes_read_a_tridiagonal_matrix_off_three_products():
     n = 11
     diag, sub = rng.normal(size=n), rng.normal(size=n - 1)
     dense = np.diag(diag) + np.diag(sub, -1) + np.diag(sub, 1)
-    products = np.asarray(V._colour_probes(n, jnp.float64)) @ dense  # rows: (M v_c)^T
-    got_diag, got_sub = V._tridiagonal_from_products(jnp.asarray(products))
+    products = np.asarray(T._colour_probes(n, jnp.float64)) @ dense  # rows: (M v_c)^T
+    got_diag, got_sub = T._tridiagonal_from_products(jnp.asarray(products))
     np.testing.assert_allclose(got_diag, diag, atol=1e-14)
     np.testing.assert_allclose(got_sub, sub, atol=1e-14)
 
