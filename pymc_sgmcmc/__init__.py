@@ -22,7 +22,8 @@ from pymc_sgmcmc.constant_sgd import ConstantSGD
 from pymc_sgmcmc.distributed import RowShard
 from pymc_sgmcmc.errors import DataShapeError, DivergenceError, ModelNotSupportedError
 from pymc_sgmcmc.iasg import IASG
-from pymc_sgmcmc.model_checking import ElpdDifference, LooSubsample, log_likelihood, loo_subsample
+from pymc_sgmcmc.loo import ElpdDifference, LooSubsample, loo_subsample
+from pymc_sgmcmc.model_checking import log_likelihood
 from pymc_sgmcmc.recording import DrawWriter, read_draws
 from pymc_sgmcmc.registry import SAMPLERS
 from pymc_sgmcmc.sampling import sample

@@ -30,11 +30,6 @@ OVERSIZE = {
         "the PyMC step protocol, argument checks, compilation wiring, the draw loop with its "
         "retries and emission; to split into a chain engine and a thin BlockedStep",
     ),
-    "model_checking.py": (
-        875,
-        "log-likelihood on a subsample and subsampled LOO (one subject, a reference "
-        "implementation with its estimators side by side)",
-    ),
 }
 
 
