@@ -11,9 +11,17 @@ from typing import Any
 
 import numpy as np
 
-from pymc_sgmcmc.minibatch import full_data_chunks
+from pymc_sgmcmc.errors import ModelNotSupportedError
+from pymc_sgmcmc.minibatch import default_batch_size, full_data_chunks
+from pymc_sgmcmc.schedules import as_schedule
 from pymc_sgmcmc.tuning.tuner import MEASURE_EVERY_FIRST, MEASURE_GROWTH
-from pymc_sgmcmc.variational import AVERAGE_HORIZON, HybridState
+from pymc_sgmcmc.variational import (
+    AVERAGE_HORIZON,
+    LOCAL_FAMILIES,
+    Hybrid,
+    HybridState,
+    LocalLayout,
+)
 
 __all__ = ["LocalVariablesGlue"]
 
@@ -159,3 +167,105 @@ class LocalVariablesGlue:
         state = compiled["freeze"](state, compiled["data"], fixed, key, state.position)
         self.chain_state = (self.chain_state[0], state)
         return state
+
+    def _setup_locals(
+        self,
+        family: str | None,
+        num_mc_samples: int | None,
+        learning_rate: Any,
+        data: Any,
+        devices: Any,
+        batch_size: int | None,
+    ) -> Hybrid | None:
+        """Validate the local-variable options; the :class:`~pymc_sgmcmc.variational.Hybrid`
+        that treats the locals, or None without ``local_vars``."""
+        problem = self.problem
+        if not problem.local_names:
+            given = {
+                "local_family": family,
+                "num_mc_samples": num_mc_samples,
+                "local_learning_rate": learning_rate,
+            }
+            named = [k for k, v in given.items() if v is not None]
+            if named:
+                raise ValueError(
+                    f"{named} apply to local_vars, which were not given. Pass local_vars=[...] "
+                    "(the local latent variables to treat variationally) or drop them."
+                )
+            return None
+        if not self._supports_locals:
+            raise ModelNotSupportedError(
+                f"{type(self).__name__} keeps per-row gradients of the position, which local "
+                "variables drawn afresh at every iteration would make random; use SGLD, "
+                "ConstantSGD, IASG or SGFS with local_vars."
+            )
+        if data is not None or devices not in (None, 1):
+            raise ModelNotSupportedError(
+                "local_vars cannot be combined with out-of-core data= or devices= yet: the "
+                "locals' variational parameters live with the chain on one device."
+            )
+        family = "auto" if family is None else family
+        if family not in (*LOCAL_FAMILIES, "auto"):
+            raise ValueError(
+                f"local_family must be one of {LOCAL_FAMILIES} or 'auto', got {family!r}."
+            )
+        num_mc_samples = 2 if num_mc_samples is None else num_mc_samples
+        if (
+            isinstance(num_mc_samples, bool)
+            or int(num_mc_samples) != num_mc_samples
+            or num_mc_samples < 1
+        ):
+            raise ValueError(f"num_mc_samples must be a positive integer, got {num_mc_samples!r}.")
+        if learning_rate is None:
+            # Full batch: the natural-gradient targets are exact but for Monte Carlo noise, so
+            # q jumps to its fixed point (ρ = 1) and follows the globals at once. Minibatches:
+            # ρ = 0.1 averages the targets over ~10 iterations.
+            n = problem.data_size
+            learning_rate = 1.0 if (batch_size or default_batch_size(n)) >= n else 0.1
+        rate = as_schedule(learning_rate, "local_learning_rate")
+        fixed_names = [v.name for v in problem.fixed_infos]
+        infos = {v.name: v for v in problem.fixed_infos}
+        layout = LocalLayout(
+            names=problem.local_names,
+            shapes=tuple(infos[n].shape for n in problem.local_names),
+            dtypes=tuple(infos[n].dtype for n in problem.local_names),
+            slots=tuple(fixed_names.index(n) for n in problem.local_names),
+        )
+        shapes = dict(self.stats_dtypes_shapes)
+        shapes["elbo"] = (np.float64, [])
+        self.stats_dtypes_shapes = shapes
+        self.stats_dtypes = [{k: dtype for k, (dtype, _) in shapes.items()}]
+        return Hybrid(layout, family, int(num_mc_samples), rate)  # type: ignore[arg-type]
+
+    def _local_settings(self) -> dict[str, Any]:
+        """With ``local_vars``: the hybrid's settings and, once tuned, q's frozen parameters
+        (``"variational"``, moved into the ``variational`` group by ``pm.sample``)."""
+        hybrid = self.hybrid
+        if hybrid is None:
+            return {}
+        out: dict[str, Any] = {
+            "local_vars": list(hybrid.layout.names),
+            "local_family": hybrid.family_name,
+            "num_mc_samples": hybrid.num_mc_samples,
+            "local_learning_rate": repr(hybrid.learning_rate),
+            "freeze_locals": self.freeze_locals,
+        }
+        params = self.variational_parameters()
+        if params is not None and not self.tune:
+            out["variational"] = {
+                name: {k: v.tolist() for k, v in values.items()} for name, values in params.items()
+            }
+        return out
+
+    def variational_parameters(self) -> dict[str, dict[str, np.ndarray]] | None:
+        """q's parameters of the chain sampled last in this process, by local variable
+        (``{name: {parameter: array shaped like the variable}}``), or None."""
+        if self.hybrid is None or self.chain_state is None:
+            return None
+        params = self.chain_state[1].local["params"]
+        layout = self.hybrid.layout
+        out: dict[str, dict[str, np.ndarray]] = {name: {} for name in layout.names}
+        for key, value in params.items():
+            for name, part in zip(layout.names, layout.unravel(np.asarray(value)), strict=True):
+                out[name][key] = part
+        return out

@@ -11,7 +11,6 @@ calling process, whatever ``cores`` (see :mod:`pymc_sgmcmc._multiprocessing`).
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import inspect
 import json
@@ -28,16 +27,14 @@ from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator
 
 from pymc_sgmcmc._check_glue import SelfCheckGlue
+from pymc_sgmcmc._data_glue import DataGlue
 from pymc_sgmcmc._local_glue import LocalVariablesGlue
 from pymc_sgmcmc._precision import Float64Methods
-from pymc_sgmcmc._runtime import current_chain
 from pymc_sgmcmc._tuning_glue import AutomaticTuning, ExactMALA, ModeSearch
 from pymc_sgmcmc.bridge import MinibatchProblem, build_problem, check_finite_rows
 from pymc_sgmcmc.distributed import (
-    RowShard,
     ShardLayout,
     as_shards,
-    gather_layout,
     process_count,
 )
 from pymc_sgmcmc.draws import DrawPlan, ShardedData, draw_functions, streamed_draw
@@ -45,17 +42,17 @@ from pymc_sgmcmc.errors import (
     DataShapeError,
     DivergenceError,
     ModelNotSupportedError,
-    non_finite_rows,
 )
 from pymc_sgmcmc.minibatch import (
     MinibatchScheme,
     block_rows,
+    default_batch_size,
     draw_minibatch,
     layout_data,
     minibatch_indices,
 )
 from pymc_sgmcmc.out_of_core import as_row_source, is_in_memory, with_data
-from pymc_sgmcmc.schedules import Schedule, as_schedule
+from pymc_sgmcmc.schedules import Schedule
 from pymc_sgmcmc.sharding import (
     resolve_devices,
     shard_data,
@@ -66,17 +63,14 @@ from pymc_sgmcmc.tuning.adaptation import StepSizeAdaptation, initial_mala_step
 from pymc_sgmcmc.tuning.measurements import measurement_functions
 from pymc_sgmcmc.tuning.tuner import Tuned, Tuner
 from pymc_sgmcmc.tuning.whitening import DENSE_MAX_DIM
-from pymc_sgmcmc.variational import LOCAL_FAMILIES, Hybrid, LocalLayout
+from pymc_sgmcmc.variational import Hybrid
 
 __all__ = ["SGMCMCStep"]
 
-DEFAULT_BATCH_SIZE = 256  # the smallest default minibatch (see default_batch_size)
 LANGEVIN_STEP_CAP = 0.25
 LANGEVIN_NOISE_SHARE = (
     0.25  # SGLD, SAGA-LD, SVRG-LD: at most a quarter of the noise is the gradient's
 )
-FULL_BATCH_MAX_ROWS = 4096
-"""Up to this many rows the default minibatch is the whole data set (see default_batch_size)."""
 MALA_THIN = 4  # MALA iterations per saved draw by default (full batch)
 SEARCH_ALL_ROWS = 16_384  # the search for the mode uses every row up to this many
 SEARCH_ROWS = 4096  # else a block of at least this many rows
@@ -96,29 +90,6 @@ SPARSE_ROWS = 64
 UNROLL_MAX_WORK = 20_000  # batch_size x dimension below which the draw's scan is unrolled
 DIVERGENCE_RETRIES = 6  # tuning draws redone at a halved step before giving up
 DIVERGENCE_SHRINK = 0.5
-
-
-def default_batch_size(data_size: int) -> int:
-    r"""The default ``batch_size`` for ``N`` rows.
-
-    - ``N ≤ 4096``: ``B = N``, the full data. There is then no minibatch noise and every sampler
-      runs Metropolis-adjusted Langevin (:mod:`pymc_sgmcmc.kernels.mala`), which is exact; a
-      full-data gradient costs about what a pass of minibatches does at these sizes.
-    - above: ``B = max(256, 2^round(log₂ √N))`` (256 up to N = 65 536 rows, 1024 at 10⁶, 8192
-      at 10⁸). With the tuned step ``h ≈ 2B/N`` a chain relaxes in about half a pass whatever
-      ``B``, so a larger ``B`` costs no mixing per pass and spreads the per-iteration overhead
-      over more rows; ``N/B ≥ √N ≥ 64`` keeps the step small (``h ≲ 0.03``) and IASG's window
-      long.
-
-    Examples
-    --------
-    >>> [default_batch_size(n) for n in (50, 4096, 4097, 10**5, 10**6, 10**8)]
-    [50, 4096, 256, 256, 1024, 8192]
-    """
-    data_size = int(data_size)
-    if data_size <= FULL_BATCH_MAX_ROWS:
-        return max(data_size, 1)
-    return min(data_size, max(DEFAULT_BATCH_SIZE, 2 ** round(math.log2(math.sqrt(data_size)))))
 
 
 @dataclass_state
@@ -191,6 +162,7 @@ class SGMCMCStepState(StepMethodState):
 class SGMCMCStep(
     Float64Methods,
     LocalVariablesGlue,
+    DataGlue,
     AutomaticTuning,
     ModeSearch,
     ExactMALA,
@@ -505,120 +477,6 @@ class SGMCMCStep(
 
     _supports_locals: ClassVar[bool] = True  # SAGA-LD / SVRG-LD: per-row gradient state
 
-    def _setup_shards(self, shards: list[RowShard], devices: Any) -> tuple[Any, Any]:
-        """``data=RowShard(...)`` (or a list of them): this process's rows, with their place
-        in the whole data set. Gathers every process's shards, checks that they partition
-        ``0..N−1`` and the rows are finite, and returns ``(data, devices)`` for the rest of
-        ``__init__``: one shard in one process is plain ``data=``; else ``(None, the devices
-        spec)`` (every device of the mesh; see :func:`pymc_sgmcmc.sharding.shard_rows`)."""
-        if devices not in (None, "all"):
-            raise ValueError(
-                f"data= as row shards puts each shard on its own devices; leave devices= unset "
-                f"(got devices={devices!r})."
-            )
-        if not self._streams:
-            raise ModelNotSupportedError(
-                f"{type(self).__name__} keeps per-row state or takes full-data gradients; it "
-                "runs on one device. Use SGLD, ConstantSGD, IASG or SGFS with row shards."
-            )
-        layout = gather_layout(shards)
-        if len(layout.sizes) == 1:
-            return dict(shards[0].arrays), devices  # the whole data set, in this process
-        if process_count() == 1:
-            import jax
-
-            if len(jax.devices()) < len(layout.sizes):
-                raise ValueError(
-                    f"{len(layout.sizes)} row shards in one process need one JAX device each, "
-                    f"but JAX sees {len(jax.devices())}. On a CPU, set XLA_FLAGS=--xla_force_"
-                    f"host_platform_device_count={len(layout.sizes)} before JAX starts (or "
-                    "concatenate the shards)."
-                )
-        names = list(shards[0].arrays)
-        # This process's rows in row order; one shard (every multi-process run) stays as given,
-        # e.g. a memory-map that shard_rows then reads piece by piece, without a whole copy.
-        local = {
-            name: np.asarray(shards[0].arrays[name])
-            if len(shards) == 1
-            else np.concatenate([np.asarray(s.arrays[name]) for s in shards], axis=0)
-            for name in names
-        }
-        problem = with_data(self.problem, local)
-        for name, array in zip(problem.data_names, problem.data, strict=True):
-            check_finite_rows(repr(name), array, layout.total)
-        self.problem = dataclasses.replace(problem, data_size=layout.total)
-        self._shard_layout = layout
-        return None, "all" if process_count() > 1 else len(layout.sizes)
-
-    def _setup_locals(
-        self,
-        family: str | None,
-        num_mc_samples: int | None,
-        learning_rate: Any,
-        data: Any,
-        devices: Any,
-        batch_size: int | None,
-    ) -> Hybrid | None:
-        """Validate the local-variable options; the :class:`~pymc_sgmcmc.variational.Hybrid`
-        that treats the locals, or None without ``local_vars``."""
-        problem = self.problem
-        if not problem.local_names:
-            given = {
-                "local_family": family,
-                "num_mc_samples": num_mc_samples,
-                "local_learning_rate": learning_rate,
-            }
-            named = [k for k, v in given.items() if v is not None]
-            if named:
-                raise ValueError(
-                    f"{named} apply to local_vars, which were not given. Pass local_vars=[...] "
-                    "(the local latent variables to treat variationally) or drop them."
-                )
-            return None
-        if not self._supports_locals:
-            raise ModelNotSupportedError(
-                f"{type(self).__name__} keeps per-row gradients of the position, which local "
-                "variables drawn afresh at every iteration would make random; use SGLD, "
-                "ConstantSGD, IASG or SGFS with local_vars."
-            )
-        if data is not None or devices not in (None, 1):
-            raise ModelNotSupportedError(
-                "local_vars cannot be combined with out-of-core data= or devices= yet: the "
-                "locals' variational parameters live with the chain on one device."
-            )
-        family = "auto" if family is None else family
-        if family not in (*LOCAL_FAMILIES, "auto"):
-            raise ValueError(
-                f"local_family must be one of {LOCAL_FAMILIES} or 'auto', got {family!r}."
-            )
-        num_mc_samples = 2 if num_mc_samples is None else num_mc_samples
-        if (
-            isinstance(num_mc_samples, bool)
-            or int(num_mc_samples) != num_mc_samples
-            or num_mc_samples < 1
-        ):
-            raise ValueError(f"num_mc_samples must be a positive integer, got {num_mc_samples!r}.")
-        if learning_rate is None:
-            # Full batch: the natural-gradient targets are exact but for Monte Carlo noise, so
-            # q jumps to its fixed point (ρ = 1) and follows the globals at once. Minibatches:
-            # ρ = 0.1 averages the targets over ~10 iterations.
-            n = problem.data_size
-            learning_rate = 1.0 if (batch_size or default_batch_size(n)) >= n else 0.1
-        rate = as_schedule(learning_rate, "local_learning_rate")
-        fixed_names = [v.name for v in problem.fixed_infos]
-        infos = {v.name: v for v in problem.fixed_infos}
-        layout = LocalLayout(
-            names=problem.local_names,
-            shapes=tuple(infos[n].shape for n in problem.local_names),
-            dtypes=tuple(infos[n].dtype for n in problem.local_names),
-            slots=tuple(fixed_names.index(n) for n in problem.local_names),
-        )
-        shapes = dict(self.stats_dtypes_shapes)
-        shapes["elbo"] = (np.float64, [])
-        self.stats_dtypes_shapes = shapes
-        self.stats_dtypes = [{k: dtype for k, (dtype, _) in shapes.items()}]
-        return Hybrid(layout, family, int(num_mc_samples), rate)  # type: ignore[arg-type]
-
     # -- PyMC protocol ----------------------------------------------------------------------
     @staticmethod
     def competence(var: Any, has_grad: bool) -> Competence:
@@ -729,34 +587,6 @@ class SGMCMCStep(
             "devices": self._device_summary(),
             **self._local_settings(),
         }
-
-    def _local_settings(self) -> dict[str, Any]:
-        """With ``local_vars``: the hybrid's settings and, once tuned, q's frozen parameters
-        (``"variational"``, moved into the ``variational`` group by ``pm.sample``)."""
-        hybrid = self.hybrid
-        if hybrid is None:
-            return {}
-        out: dict[str, Any] = {
-            "local_vars": list(hybrid.layout.names),
-            "local_family": hybrid.family_name,
-            "num_mc_samples": hybrid.num_mc_samples,
-            "local_learning_rate": repr(hybrid.learning_rate),
-            "freeze_locals": self.freeze_locals,
-        }
-        params = self.variational_parameters()
-        if params is not None and not self.tune:
-            out["variational"] = {
-                name: {k: v.tolist() for k, v in values.items()} for name, values in params.items()
-            }
-        return out
-
-    def _device_summary(self) -> Any:
-        if self._chain_device is not None:
-            return str(self._chain_device)
-        compiled = self._compiled
-        if compiled is None or self.devices in (None, 1):
-            return None
-        return int(len(resolve_devices(self.devices) or [])) or None
 
     # -- compilation ----------------------------------------------------------------------------
     def _compile(self) -> dict[str, Any]:
@@ -911,17 +741,6 @@ class SGMCMCStep(
             self._compiled["batch_dtypes"] = [v.dtype for v in problem._batch_inputs]
         return self._compiled
 
-    def _place_chain(self, compiled: dict[str, Any]) -> None:
-        """``devices="chains"``: move the data to device ``c mod k`` for chain ``c``; the
-        compiled functions then run there (they follow their committed inputs)."""
-        jax = compiled["jax"]
-        available = jax.devices()
-        chain = current_chain()
-        device = available[(chain or 0) % len(available)]
-        if device != self._chain_device:
-            compiled["data"] = jax.device_put(compiled["data"], device)
-            self._chain_device = device
-
     def _sparsely_informed(self, fns: dict[str, Callable], rows: int) -> bool:
         """Whether some coordinate's per-row gradient is nonzero in only 1 to SPARSE_ROWS of
         ``rows`` rows drawn uniformly (at the initial point): a rare group's effect, which a
@@ -937,40 +756,6 @@ class SGMCMCStep(
         )
         counts = np.count_nonzero(np.nan_to_num(grads, nan=1.0) != 0.0, axis=0)
         return bool(np.any((counts > 0) & (counts <= SPARSE_ROWS)))
-
-    def _tuning_data(self, key: Any, rows: int | None = None) -> Any:
-        """What the tuning functions read: the device data, or (streamed) a block of ``rows``
-        (default ``max(B, 1024)``) rows drawn uniformly with replacement and read on the host."""
-        compiled = self._compile()
-        if not self.streaming:
-            return compiled["data"]
-        rng = np.random.default_rng(np.asarray(compiled["jax"].random.key_data(key)).tolist())
-        count = self._noise_rows if rows is None else rows
-        return self._read_rows(np.sort(rng.integers(0, self.problem.data_size, count)), 1)
-
-    def _read_rows(self, starts: np.ndarray, length: int) -> tuple[np.ndarray, ...]:
-        """Rows ``(start + 0..length−1) mod N`` of every streamed array, checked finite as
-        they are read (the in-memory data are checked when the problem is built)."""
-        compiled = self._compile()
-        chunks = []
-        for name, source, dtype in zip(
-            self.problem.data_names, compiled["sources"], compiled["batch_dtypes"], strict=True
-        ):
-            rows = np.asarray(source.read(starts, length))
-            if rows.dtype.kind == "f":
-                finite = np.isfinite(rows.reshape(len(rows), -1)).all(axis=1)
-                if not finite.all():
-                    at = np.flatnonzero(~finite)
-                    raise non_finite_rows(
-                        f"data[{name!r}]",
-                        source.shape,
-                        source.row_numbers(starts, length)[at],
-                        rows[at[0]],
-                        source.n,
-                        streamed=True,
-                    )
-            chunks.append(np.asarray(rows, dtype=dtype))
-        return tuple(chunks)
 
     def _run_draw(self, key: Any, state: Any, fixed: tuple, params: dict, draw_index: int):
         """One draw: ``(key, state, emitted, stats)``. In memory one compiled scan;
@@ -1216,19 +1001,6 @@ class SGMCMCStep(
             theta = self._theta_mean if self.tuner is not None else None
             data = compiled["data"]
             self.chain_state = (key, compiled["freeze"](state, data, self._last_fixed, key, theta))
-
-    def variational_parameters(self) -> dict[str, dict[str, np.ndarray]] | None:
-        """q's parameters of the chain sampled last in this process, by local variable
-        (``{name: {parameter: array shaped like the variable}}``), or None."""
-        if self.hybrid is None or self.chain_state is None:
-            return None
-        params = self.chain_state[1].local["params"]
-        layout = self.hybrid.layout
-        out: dict[str, dict[str, np.ndarray]] = {name: {} for name in layout.names}
-        for key, value in params.items():
-            for name, part in zip(layout.names, layout.unravel(np.asarray(value)), strict=True):
-                out[name][key] = part
-        return out
 
     def _extra_stats(self, state: Any) -> dict[str, Any]:
         """Sampler-specific stats of a draw (declared in ``stats_dtypes_shapes``)."""

@@ -19,14 +19,14 @@ CLASS_LINES = 300
 # growing past it fails; shrinking a file lowers its ceiling in the same commit.
 OVERSIZE = {
     "step_methods.py": (
-        1275,
+        1050,
         "the steps' base class: the PyMC step protocol, argument checks, compilation wiring "
         "and the draw loop (the samplers, draw bodies, measurements, host tuning and "
         "self-check are modules of their own); to split into a chain engine and a thin "
         "BlockedStep",
     ),
     "step_methods.py:SGMCMCStep": (
-        1050,
+        850,
         "the PyMC step protocol, argument checks, compilation wiring, the draw loop with its "
         "retries and emission; to split into a chain engine and a thin BlockedStep",
     ),
