@@ -249,7 +249,8 @@ def summarise(rows: list[dict], kept_draws: int) -> str:
         f"(false-alarm rate {len(false_alarms) / max(len(good), 1):.1%}) and on "
         f"{len(caught)} of {len(bad)} failing cells."
     )
-    sg = [r for r in done if r["sampler"] in ("SGLD", "SAGALD", "SVRGLD") and not r["mala"]]
+    langevin = {s.name for s in REGISTRY if s.tolerance == "langevin"}
+    sg = [r for r in done if r["sampler"] in langevin and not r["mala"]]
     if sg:
         per_draw = sorted(r["min_ess"] / r.get("kept_draws", kept_draws) for r in sg)
         median = per_draw[len(per_draw) // 2]

@@ -322,7 +322,11 @@ class _Lockstep:
             advance(c, first=True)
         while asking:
             requests, asking = asking, {}
-            results = self.engine.draw_together(requests)
+            try:
+                results = self.engine.draw_together(requests)
+            except Exception as error:  # the draw's error is each asking chain's
+                errors.update(dict.fromkeys(requests, error))
+                continue
             for c in requests:
                 advance(c, results[c])
         if errors:

@@ -257,15 +257,15 @@ class LocalVariablesGlue:
             }
         return out
 
-    def variational_parameters(self) -> dict[str, dict[str, np.ndarray]] | None:
-        """q's parameters of the chain sampled last in this process, by local variable
-        (``{name: {parameter: array shaped like the variable}}``), or None."""
-        if self.hybrid is None or self.chain_state is None:
-            return None
-        params = self.chain_state[1].local["params"]
+    def _unravel_emitted(self, emitted: np.ndarray) -> dict[str, np.ndarray]:
+        """The point (value variables by name) of an emitted vector (see :meth:`_emit`):
+        the sampled variables, then (with ``local_vars``) the draw of the locals."""
+        if self.hybrid is None:
+            return self.problem.unravel(emitted)
+        dim = self.problem.dim
+        point = self.problem.unravel(emitted[:dim])
         layout = self.hybrid.layout
-        out: dict[str, dict[str, np.ndarray]] = {name: {} for name in layout.names}
-        for key, value in params.items():
-            for name, part in zip(layout.names, layout.unravel(np.asarray(value)), strict=True):
-                out[name][key] = part
-        return out
+        parts = layout.unravel(np.asarray(emitted[dim:]))
+        for name, part, dtype in zip(layout.names, parts, layout.dtypes, strict=True):
+            point[name] = part.astype(dtype)
+        return point

@@ -36,6 +36,7 @@ from pytensor.graph.replace import clone_replace
 from pytensor.graph.traversal import graph_inputs
 
 from pymc_sgmcmc._bridge_jax import _jaxify
+from pymc_sgmcmc._compat import moved_attribute
 from pymc_sgmcmc._minibatch_models import _data_leaf_value, _full_data_model
 from pymc_sgmcmc._precision import in_float64
 from pymc_sgmcmc.bridge import _replace_shared_scalars, _rows_to_batch_length, build_problem
@@ -475,3 +476,7 @@ def _log_likelihood_dataset(
         "created_by": "pymc_sgmcmc.log_likelihood",
     }
     return xr.Dataset(variables, coords=coords, attrs=attrs)
+
+
+def __getattr__(name: str) -> Any:
+    return moved_attribute(__name__, name)  # old spellings (pymc_sgmcmc._compat)

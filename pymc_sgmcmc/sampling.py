@@ -323,7 +323,7 @@ def _sample_frozen(
     total: int,
 ) -> None:
     """Draws ``first..total-1`` of every chain in compiled chunks, each chain's parameters
-    frozen as they are after tuning; each chain's ``step()`` then books the chunk's draws."""
+    frozen as they are after tuning; each chain's ``draw_steps`` then books the chunk's draws."""
     frozen = [_draw_params(r) for r in runners]
     dtype = runners[0].problem.dtype
     carries = {}

@@ -11,7 +11,6 @@ calling process, whatever ``cores`` (see :mod:`pymc_sgmcmc._multiprocessing`).
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import math
@@ -27,6 +26,7 @@ from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator
 
 from pymc_sgmcmc._check_glue import SelfCheckGlue
+from pymc_sgmcmc._compat import moved_attribute
 from pymc_sgmcmc._data_glue import DataGlue
 from pymc_sgmcmc._local_glue import LocalVariablesGlue
 from pymc_sgmcmc._precision import Float64Methods
@@ -946,18 +946,18 @@ class SGMCMCStep(
         overrides: the window's mean; with ``local_vars`` a draw of the locals follows)."""
         return state.position
 
-    def _unravel_emitted(self, emitted: np.ndarray) -> dict[str, np.ndarray]:
-        """The point (value variables by name) of an emitted vector (see :meth:`_emit`):
-        the sampled variables, then (with ``local_vars``) the draw of the locals."""
-        if self.hybrid is None:
-            return self.problem.unravel(emitted)
-        dim = self.problem.dim
-        point = self.problem.unravel(emitted[:dim])
+    def variational_parameters(self) -> dict[str, dict[str, np.ndarray]] | None:
+        """q's parameters of the chain sampled last in this process, by local variable
+        (``{name: {parameter: array shaped like the variable}}``), or None."""
+        if self.hybrid is None or self.chain_state is None:
+            return None
+        params = self.chain_state[1].local["params"]
         layout = self.hybrid.layout
-        parts = layout.unravel(np.asarray(emitted[dim:]))
-        for name, part, dtype in zip(layout.names, parts, layout.dtypes, strict=True):
-            point[name] = part.astype(dtype)
-        return point
+        out: dict[str, dict[str, np.ndarray]] = {name: {} for name in layout.names}
+        for key, value in params.items():
+            for name, part in zip(layout.names, layout.unravel(np.asarray(value)), strict=True):
+                out[name][key] = part
+        return out
 
     def _draw_stats(self, state: Any, fixed: tuple, params: dict) -> dict[str, Any]:
         """Hook (traced): extra per-draw stats computed inside the compiled draw —
@@ -1030,18 +1030,5 @@ def _preconditioner_summary(precond: Any) -> dict[str, Any]:
     }
 
 
-_MOVED = {
-    "ConstantSGD": "pymc_sgmcmc.constant_sgd",
-    "IASG": "pymc_sgmcmc.iasg",
-    "SGLD": "pymc_sgmcmc.sgld",
-    "_PreconditionedSGD": "pymc_sgmcmc.preconditioned_sgd",
-}
-
-
 def __getattr__(name: str) -> Any:
-    """The samplers lived here until 2026-11-26 (``pymc_sgmcmc.step_methods.SGLD``): the old
-    spelling, and step objects pickled with it, still resolve (``pymc_sgmcmc.SGLD`` is the
-    public one)."""
-    if name in _MOVED:
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return moved_attribute(__name__, name)  # old spellings (pymc_sgmcmc._compat)

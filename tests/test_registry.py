@@ -60,3 +60,15 @@ def test_capabilities_are_read_from_the_classes():
         "SVRGLD",
         "SGHMC",
     }
+
+
+def test_old_spellings_of_moved_names_still_resolve():
+    # The re-founding moved the samplers and some constants out of step_methods and LOO out
+    # of model_checking; the old paths (and objects pickled with them) still resolve.
+    from pymc_sgmcmc import model_checking, step_methods
+
+    assert step_methods.SGLD is pmsg.SGLD and step_methods.IASG is pmsg.IASG
+    assert step_methods.NOISE_CHUNK_WORK > 0 and step_methods.CONSTANT_SGD_STEP_CAP > 0
+    assert model_checking.loo_subsample is pmsg.loo_subsample
+    with pytest.raises(AttributeError, match="no attribute 'NOT_THERE'"):
+        step_methods.NOT_THERE  # noqa: B018
