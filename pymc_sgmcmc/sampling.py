@@ -14,7 +14,7 @@ preconditioners, retries of a diverged draw at a halved step). Each chain gets i
 the step object (sharing the compiled functions, never recompiling) and runs the step's own
 draw, :meth:`~pymc_sgmcmc.step_methods.SGMCMCStep.draw_steps` — ``step()`` as a generator
 that yields each compiled draw it needs: the draws all chains ask for run as one vmapped call
-and their results are sent back. Everything else — tuning, divergence handling, the stats,
+and their results are sent back (the chains' host parts side by side in threads). Everything else — tuning, divergence handling, the stats,
 the tuned settings — is the step method's own code, not a copy of it. After tuning the
 parameters of the compiled draw are frozen, so the sampling draws need no host round-trip: a
 compiled loop runs a whole chunk of vmapped draws, freezing a chain that diverges at its last
@@ -165,7 +165,7 @@ def sample(
     another ``cores`` groups the chains differently and may round differently.
 
     **Cost.** The tuning draws take one host round-trip each (all chains together: the
-    per-chain noise estimates one chain after another, the draw one vmapped call per group);
+    per-chain noise estimates side by side in threads, the draw one vmapped call per group);
     the sampling draws one per chunk. On a CPU a vmapped draw costs about the sum of
     its chains' (the work of an iteration is arithmetic that batching does not share), so
     the chains are split into ``cores`` groups run side by side in threads. See
@@ -305,6 +305,7 @@ def _run_chains(
                         tuning=False,
                     )
     finally:
+        lockstep.close()
         engine.close()
         for trace in traces:
             trace.close()
