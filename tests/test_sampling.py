@@ -273,6 +273,34 @@ def test_diverged_tuning_draws_are_retried_per_chain():
             pmsg.sample(step=step, draws=10, tune=20, chains=2, random_seed=3, **QUIET)
 
 
+class _RaisesAtTuningDraw(pmsg.SGLD):
+    """SGLD whose host part raises at a tuning draw, naming its chain's seed: the chains
+    reach it in the same draw, so the error that comes out says which chain was met first."""
+
+    def _after_draw(self, stats):
+        super()._after_draw(stats)
+        if self._draw_index == 3:
+            raise RuntimeError(f"chain seeded {self._host_seed}")
+
+
+def test_the_first_chains_error_is_raised_as_pm_sample_meets_it(model):
+    # pmsg.sample advances every chain's draw side by side; when several raise, the error is
+    # the lowest chain's — the one pm.sample(cores=1), which runs chain 0 first, meets.
+    raised = []
+    for driver in (lambda **kw: pm.sample(cores=1, **kw), pmsg.sample):
+        with model, pytest.raises(RuntimeError, match="chain seeded") as info:
+            driver(
+                step=_RaisesAtTuningDraw(batch_size=B),
+                draws=5,
+                tune=5,
+                chains=3,
+                random_seed=7,
+                **QUIET,
+            )
+        raised.append(str(info.value))
+    assert raised[0] == raised[1]
+
+
 def test_a_step_whose_parameters_move_after_tuning_is_refused():
     class Drifting(pmsg.SGLD):
         def _params(self, iteration):
