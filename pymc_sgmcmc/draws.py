@@ -30,7 +30,7 @@ from pymc_sgmcmc.minibatch import (
 from pymc_sgmcmc.out_of_core import CHUNK_ROWS
 from pymc_sgmcmc.variational import HybridState
 
-__all__ = ["DrawPlan", "ShardedData", "draw_functions", "streamed_draw"]
+__all__ = ["DrawPlan", "ShardedData", "draw_functions", "full_data_gradient", "streamed_draw"]
 
 # A draw whose final minibatch loss exceeds the previous draw's by more than
 # max(LOSS_JUMP_ABS, LOSS_JUMP_REL * |previous|) is diverging too: an unstable step grows the
@@ -212,7 +212,13 @@ def _check_terms(plan: DrawPlan) -> Callable:
 
 
 def _full_grad(plan: DrawPlan) -> Callable:
-    n, b, loglik_rows = plan.n, plan.b, plan.fns["loglik_rows"]
+    return full_data_gradient(plan.fns["loglik_rows"], plan.n, plan.b)
+
+
+def full_data_gradient(loglik_rows: Callable, n: int, b: int) -> Callable:
+    """``full_grad(position, fixed, data)``: the log-likelihood's gradient summed over all
+    ``n`` rows of the laid-out ``data``, in a scan over chunks of ``b`` rows (the tuning's
+    check gradient; SVRG-LD's anchor)."""
 
     def full_grad(position, fixed, data):
         # Σ_n ∇log p(x_n | θ) over every row once, in chunks of B laid-out rows.

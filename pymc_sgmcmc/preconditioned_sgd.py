@@ -100,13 +100,6 @@ class _PreconditionedSGD(SGMCMCStep):
     def _retune(self) -> None:
         pass  # a fixed rate: _params applies the divergence factor
 
-    def stop_tuning(self) -> None:
-        super().stop_tuning()
-        if self.tuner is not None and self.chain_state is not None:
-            if self._mala is not None:
-                self._mala.final()
-            self._set_tuned(self.tuner.final())
-
     def _params(self, iteration: int) -> dict[str, Any]:
         if self.exact:
             return self._mala_params()

@@ -206,12 +206,8 @@ class SGLD(SGMCMCStep):
 
     def stop_tuning(self) -> None:
         super().stop_tuning()
-        if self.tuner is not None and self.chain_state is not None:
-            if self._mala is not None:
-                self._mala.final()
-            self._set_tuned(self.tuner.final())
-            if self.tuned is not None:
-                self.step_size_value = 2.0 * self.tuned.step_size
+        if self.tuner is not None and self.chain_state is not None and self.tuned is not None:
+            self.step_size_value = 2.0 * self.tuned.step_size
 
     def _params(self, iteration: int) -> dict[str, Any]:
         if self.exact:

@@ -1001,6 +1001,10 @@ class SGMCMCStep(
             theta = self._theta_mean if self.tuner is not None else None
             data = compiled["data"]
             self.chain_state = (key, compiled["freeze"](state, data, self._last_fixed, key, theta))
+        if self.tuner is not None and self.chain_state is not None:  # the tuner's final values
+            if self._mala is not None:
+                self._mala.final()
+            self._set_tuned(self.tuner.final())
 
     def _extra_stats(self, state: Any) -> dict[str, Any]:
         """Sampler-specific stats of a draw (declared in ``stats_dtypes_shapes``)."""

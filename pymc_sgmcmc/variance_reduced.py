@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from pymc_sgmcmc.draws import full_data_gradient
 from pymc_sgmcmc.kernels import saga, svrg
 from pymc_sgmcmc.minibatch import full_data_chunks, noise_factor
 from pymc_sgmcmc.sgld import SGLD
@@ -276,7 +277,7 @@ class SVRGLD(_VarianceReducedLD):
         n, b = self.problem.data_size, self.batch_size
         prior_grad = self._prior_grad(fns)
         loglik_rows = fns["loglik_rows"]
-        starts, masks = full_data_chunks(n, b)
+        full_data = full_data_gradient(loglik_rows, n, b)
         temperature, anchor_every = self.temperature, self.anchor_every
 
         def iteration(normal, state, batch, row_ids, next_row_ids, fixed, params):
@@ -284,14 +285,7 @@ class SVRGLD(_VarianceReducedLD):
                 return jax.grad(lambda t: jnp.sum(loglik_rows(t, fixed, batch)))(th)
 
             def full_grad(th):
-                def chunk(total, xs):
-                    start, mask = xs
-                    rows = tuple(jax.lax.dynamic_slice_in_dim(a, start, b, axis=0) for a in data)
-                    g = jax.grad(lambda t: jnp.sum(mask * loglik_rows(t, fixed, rows)))(th)
-                    return total + g, None
-
-                total, _ = jax.lax.scan(chunk, jnp.zeros_like(th), (starts, masks))
-                return total
+                return full_data(th, fixed, data)
 
             state, info = svrg.step(
                 None,
