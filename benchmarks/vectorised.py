@@ -140,17 +140,21 @@ _PAIRED = (
     model, step = build(sampler, n, d)
     kw = dict(step=step, draws=draws, tune=tune, random_seed=1, progressbar=False,
               compute_convergence_checks=False)
+    ones, fours, procs = [], [], []
+    sides = [(1, "vectorized", ones), (4, "vectorized", fours)]
+    if sys.argv[7] == "-":  # on all CPUs: also the chains' groups in pinned worker processes
+        sides.append((4, "processes", procs))
     with model:
-        for chains in (1, 4):  # compile both shapes first
-            pmsg.sample(chains=chains, **kw)
-        ones, fours = [], []
-        for _ in range(pairs):  # alternating, so that both see the same drift of the machine
-            for chains, out in ((1, ones), (4, fours)):
+        for chains, method, _ in sides:  # compile every shape (and start the workers) first
+            pmsg.sample(chains=chains, chain_method=method, **kw)
+        for _ in range(pairs):  # alternating, so that all see the same drift of the machine
+            for chains, method, out in sides:
                 t = time.perf_counter()
-                pmsg.sample(chains=chains, **kw)
+                pmsg.sample(chains=chains, chain_method=method, **kw)
                 out.append(time.perf_counter() - t)
     from pymc_sgmcmc._chain_engine import _usable_cpus  # what the default cores counts
-    print("RESULT" + json.dumps({"ones": ones, "fours": fours, "cpus": _usable_cpus()}))
+    print("RESULT" + json.dumps({"ones": ones, "fours": fours, "procs": procs,
+                                 "cpus": _usable_cpus()}))
     """
     )
 )
@@ -321,7 +325,8 @@ def main() -> None:
             )
             ratios = np.array(result["fours"]) / np.array(result["ones"])
             one, four = np.median(result["ones"]), np.median(result["fours"])
-            paired.append((sampler, result["cpus"], one, four, ratios))
+            proc = np.median(result["procs"]) if result["procs"] else None
+            paired.append((sampler, result["cpus"], one, four, ratios, proc))
             print(
                 f"{sampler} paired on {result['cpus']} CPU(s): ratios "
                 f"{' '.join(f'{r:.2f}' for r in ratios)}",
@@ -334,8 +339,11 @@ def main() -> None:
     for sampler in args.samplers.split(",") if args.pairs > 0 and can_side else []:
         result = side_by_side(sampler, args.n, args.d, args.draws, args.tune, args.pairs)
         alone, together = np.median(result["alone"]), np.median(result["together"])
-        vectorised = next((four for s, k, _, four, _ in paired if s == sampler and k > 1), None)
-        side.append((sampler, result["cpus"], alone, together, vectorised))
+        vectorised, processes = next(
+            ((four, proc) for s, k, _, four, _, proc in paired if s == sampler and k > 1),
+            (None, None),
+        )
+        side.append((sampler, result["cpus"], alone, together, vectorised, processes))
         print(
             f"{sampler} side by side on CPUs {result['cpus']}: alone "
             f"{' '.join(f'{t:.2f}' for t in result['alone'])} s, both "
@@ -410,8 +418,18 @@ def main() -> None:
         lines += [
             f"| {s} | {cpus} | {one:.2f} | {four:.2f} | {np.median(r):.2f}x "
             f"| {r.min():.2f}–{r.max():.2f}x |"
-            for s, cpus, one, four, r in paired
+            for s, cpus, one, four, r, _ in paired
         ]
+        procs = [(s, cpus, proc) for s, cpus, _, _, _, proc in paired if proc is not None]
+        if procs:
+            lines += [
+                "",
+                "The unpinned process also timed `pmsg.sample(chains=4, "
+                'chain_method="processes")` in the same alternation (each group of chains in a '
+                "worker process pinned to its own CPU, the workers kept from call to call): "
+                + "; ".join(f"{s} {proc:.2f} s (median)" for s, cpus, proc in procs)
+                + ".",
+            ]
     if side:
         lines += [
             "",
@@ -420,8 +438,9 @@ def main() -> None:
             "and both at once (the slower one's call, i.e. the wall time of the two), the order "
             "alternating. Two chains that share nothing, one per CPU, each with its own copy "
             "of the data: 4 of them cost 2 × that wall time (without their interpreters' "
-            "start-up and compilation). `pmsg.sample`'s 4 chains (the paired 2-CPU median "
-            "above) beat that only by sharing work or cached data between chains."
+            "start-up and compilation). `pmsg.sample`'s 4 chains (the paired 2-CPU medians "
+            'above, `chain_method="vectorized"` and `"processes"`) beat that only by sharing '
+            "work or cached data between chains."
             + (
                 f" This machine has {usable} CPUs: the side-by-side "
                 "chains use two of them, `pmsg.sample` up to 4, which favours it."
@@ -430,16 +449,20 @@ def main() -> None:
             ),
             "",
             "| sampler | CPUs | 1 chain alone, median (s) | 2 chains at once, median (s) "
-            "| slowdown | 4 independent chains (s) | `pmsg.sample`, 4 chains (s) "
-            "| vectorised / independent |",
-            "|---|---|---:|---:|---:|---:|---:|---:|",
+            "| slowdown | 4 independent chains (s) | `pmsg.sample`, 4 chains, vectorized (s) "
+            "| vectorized / independent | `pmsg.sample`, 4 chains, processes (s) "
+            "| processes / independent |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
-        for s, cpus, alone, together, vectorised in side:
-            vec = "" if vectorised is None else f"{vectorised:.2f}"
-            ratio = "" if vectorised is None else f"{vectorised / (2 * together):.2f}"
+        for s, cpus, alone, together, vectorised, processes in side:
+            cells = []
+            for value in (vectorised, processes):
+                cells += (
+                    ["", ""] if value is None else [f"{value:.2f}", f"{value / (2 * together):.2f}"]
+                )
             lines.append(
                 f"| {s} | {', '.join(map(str, cpus))} | {alone:.2f} | {together:.2f} "
-                f"| {together / alone:.2f}x | {2 * together:.2f} | {vec} | {ratio} |"
+                f"| {together / alone:.2f}x | {2 * together:.2f} | " + " | ".join(cells) + " |"
             )
     section = "\n".join(lines) + "\n"
     print(section)

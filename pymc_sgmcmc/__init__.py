@@ -14,6 +14,7 @@ from __future__ import annotations
 import pymc as pm
 
 from pymc_sgmcmc import distributed, schedules
+from pymc_sgmcmc._chain_processes import close_workers
 from pymc_sgmcmc._hooks import install as _install_hooks
 from pymc_sgmcmc._precision import float64_scope
 from pymc_sgmcmc.bridge import MinibatchProblem, build_problem
@@ -61,6 +62,7 @@ __all__ = [
     "plot_compare",
     "read_draws",
     "sample",
+    "close_workers",
     "schedules",
 ]
 

@@ -400,10 +400,10 @@ def _usable_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _chain_groups(chains: int, cores: int | None, compiled: dict[str, Any]) -> list[list[int]]:
-    """Consecutive chains in ``min(chains, cores)`` groups whose sizes differ by one at most."""
+def _chain_groups(chains: int, cores: int | None, on_cpu: bool) -> list[list[int]]:
+    """Consecutive chains in ``min(chains, cores)`` groups whose sizes differ by one at most
+    (default ``cores``: ``min(4, CPUs)`` on a CPU, one group on a GPU/TPU)."""
     if cores is None:
-        on_cpu = compiled["jax"].default_backend() == "cpu"
         cores = min(4, _usable_cpus()) if on_cpu else 1
     bounds = np.linspace(0, chains, min(chains, cores) + 1).round().astype(int)
     return [list(range(a, b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]

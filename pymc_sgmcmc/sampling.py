@@ -25,15 +25,15 @@ those the step asks for.
 
 from __future__ import annotations
 
-import copy
+import functools
 import inspect
 import logging
-import math
 import time
 import warnings
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 import pymc as pm
 import pymc.sampling.mcmc as mcmc
@@ -44,16 +44,19 @@ from pymc.sampling.parallel import Draw
 from pymc.step_methods.compound import CompoundStep
 from pymc.util import get_random_generator
 
-from pymc_sgmcmc._chain_engine import _chain_groups, _Engine, _Lockstep
+from pymc_sgmcmc._chain_engine import _chain_groups
+from pymc_sgmcmc._chain_processes import run_in_processes
+from pymc_sgmcmc._chain_run import _adopt_last_chain, tune_and_sample
 from pymc_sgmcmc._hooks import _DIVERGED, _STEPS
 from pymc_sgmcmc._precision import in_float64_of_step
 from pymc_sgmcmc._runtime import host_blas_threads
 from pymc_sgmcmc.errors import DivergenceError, ModelNotSupportedError
-from pymc_sgmcmc.step_methods import DrawRequest, SGMCMCStep, bind_steps
+from pymc_sgmcmc.step_methods import SGMCMCStep, bind_steps
 
-__all__ = ["sample"]
+__all__ = ["CHAIN_METHODS", "sample"]
 
 DEFAULT_CHUNKS = 20
+CHAIN_METHODS = ("vectorized", "processes")
 _log = logging.getLogger("pymc")
 
 
@@ -74,6 +77,7 @@ def sample(
     idata_kwargs: dict[str, Any] | None = None,
     cores: int | None = None,
     chunks: int = DEFAULT_CHUNKS,
+    chain_method: str = "vectorized",
 ) -> Any:
     """Sample all chains of one SG step method at once, vectorised with ``jax.vmap``.
 
@@ -119,6 +123,16 @@ def sample(
     chunks
         The sampling draws after tuning run as this many compiled chunks (default 20): more
         chunks move the progress bar (and a callback) more often, at a host round-trip each.
+    chain_method
+        Where the groups of vmapped chains run. ``"vectorized"`` (default): in this process,
+        side by side in threads. ``"processes"`` (CPU only): each group in a worker process of
+        its own, pinned to one CPU — faster for several chains of a small or medium model,
+        where the groups in one process contend for XLA's one thread pool (measured in
+        ``benchmarks/vectorised.py``). The workers start with the first call (a fresh
+        interpreter each: seconds) and then stay with the step, keeping its compiled
+        functions, until it is garbage collected, the interpreter exits or
+        :func:`pymc_sgmcmc.close_workers` is called. The same seed and ``cores`` give the same
+        draws with either method.
 
     Returns
     -------
@@ -184,6 +198,17 @@ def sample(
         isinstance(cores, bool) or not isinstance(cores, int | np.integer) or cores < 1
     ):
         raise ValueError(f"cores must be a positive integer or None, got {cores!r}.")
+    if chain_method not in CHAIN_METHODS:
+        raise ValueError(
+            f"chain_method must be one of {CHAIN_METHODS}, got {chain_method!r}: "
+            '"vectorized" runs the chains in this process, "processes" in worker processes.'
+        )
+    if chain_method == "processes" and jax.default_backend() != "cpu":
+        raise ValueError(
+            'chain_method="processes" pins each group of chains to one CPU; on a '
+            f"{jax.default_backend()} all chains run in one batch: use chain_method="
+            '"vectorized".'
+        )
     draws, tune, chains, chunks = int(draws), int(tune), int(chains), int(chunks)
 
     # As pm.sample: one generator per chain; each first seeds the initial point, then
@@ -210,7 +235,17 @@ def sample(
 
     with host_blas_threads():  # the tuning's host linear algebra (see host_blas_threads)
         stopped, t_sampling = _run_chains(
-            step, traces, points, rngs, draws, tune, cores, chunks, progressbar, callback
+            step,
+            traces,
+            points,
+            rngs,
+            draws,
+            tune,
+            cores,
+            chunks,
+            progressbar,
+            callback,
+            chain_method,
         )
     return _sample_return(
         step,
@@ -236,204 +271,60 @@ def _run_chains(
     chunks: int,
     progressbar: bool | str,
     callback: Callable | None,
+    chain_method: str,
 ) -> tuple[dict[int, DivergenceError], float]:
     """Tune and sample every chain into ``traces``; the chains stopped by a divergence and
     the sampling time. ``step`` is left as after ``pm.sample(cores=1)``."""
 
     chains = len(traces)
-    compiled = step._compile()
-    # Draws run in the compiled loop after tuning (the first draw of a chain also tunes).
-    looped = draws - (1 if tune == 0 else 0)
-    length = max(1, math.ceil(looped / chunks))
-    engine = _Engine(compiled, length, _chain_groups(chains, cores, compiled))
-    runners = [_chain_copy(step) for _ in range(chains)]
-    for runner, rng in zip(runners, rngs, strict=True):
-        runner.set_rng(rng)
-        runner.tune = bool(tune)
-        if hasattr(runner, "reset_tuning"):
-            runner.reset_tuning()
-    lockstep = _Lockstep(runners, engine)
-
     progress = MCMCProgressBarManager(
         step_method=step, chains=chains, draws=draws, tune=tune, progressbar=progressbar
     )
     total = draws + tune
     last_stats: list[list[dict]] = [[{}] for _ in range(chains)]
-    stopped: dict[int, DivergenceError] = {}
+    booked = [0] * chains
 
     def book(c: int, i: int, point: dict, stats: list[dict]) -> None:
         points[c] = point
         last_stats[c] = stats
+        booked[c] += 1
         traces[c].record(point, stats, in_warmup=i < tune)
         if callback is not None:
             callback(trace=traces[c], draw=Draw(c, i == total - 1, i, i < tune, stats, point))
         progress.update(chain_idx=c, is_last=False, draw=i, stats=stats, tuning=i < tune)
 
-    sizes = "+".join(str(len(g)) for g in engine.groups)
-    _log.info(f"Vectorised sampling ({chains} chains vmapped, in groups of {sizes} chains)")
+    if chain_method == "processes":
+        groups = _chain_groups(chains, cores, on_cpu=True)
+        run = functools.partial(run_in_processes, step, groups=groups)
+        where = f"in {len(groups)} worker processes, one CPU each"
+    else:
+        compiled = step._compile()
+        groups = _chain_groups(chains, cores, compiled["jax"].default_backend() == "cpu")
+        run = functools.partial(tune_and_sample, step, groups=groups)
+        where = "in threads"
+    sizes = "+".join(str(len(g)) for g in groups)
+    _log.info(f"Vectorised sampling ({chains} chains vmapped, in groups of {sizes} chains {where})")
     t_start = time.time()
     try:
         with progress:
-            try:
-                # Tuning draws (and a chain's first draw: it tunes too) through each chain's
-                # own step(), all chains' compiled draws batched.
-                for i in range(tune if tune else 1):
-                    if i == tune:  # tune=0: as pm.sample, before the first draw
-                        for runner in runners:
-                            runner.stop_tuning()
-                    for c, (point, stats) in enumerate(lockstep.step(points)):
-                        book(c, i, point, stats)
-                if tune:
-                    for runner in runners:
-                        runner.stop_tuning()
-                if looped:
-                    _sample_frozen(engine, lockstep, runners, points, book, total - looped, total)
-            except KeyboardInterrupt:
-                pass  # as pm.sample: the draws so far are returned
-            for c, runner in enumerate(runners):
-                if runner._stopped is not None:
-                    try:
-                        runner.step(points[c])  # raises the chain's stop, as in pm.sample
-                    except DivergenceError as error:
-                        stopped[c] = error
+            stopped, runners = run(
+                points=points, rngs=rngs, draws=draws, tune=tune, chunks=chunks, book=book
+            )
+            for c in range(chains):
                 if not progress.combined_progress or c == chains - 1:
                     progress.update(
                         chain_idx=c,
                         is_last=True,
-                        draw=len(traces[c]) - 1,
+                        draw=booked[c] - 1,
                         stats=last_stats[c],
                         tuning=False,
                     )
     finally:
-        lockstep.close()
-        engine.close()
         for trace in traces:
             trace.close()
     t_sampling = time.time() - t_start
     _adopt_last_chain(step, runners)
     return stopped, t_sampling
-
-
-def _sample_frozen(
-    engine: _Engine,
-    lockstep: _Lockstep,
-    runners: list[SGMCMCStep],
-    points: list[dict],
-    book: Callable,
-    first: int,
-    total: int,
-) -> None:
-    """Draws ``first..total-1`` of every chain in compiled chunks, each chain's parameters
-    frozen as they are after tuning; each chain's ``draw_steps`` then books the chunk's draws."""
-    frozen = [_draw_params(r) for r in runners]
-    dtype = runners[0].problem.dtype
-    carries = {}
-    for g, chains in enumerate(engine.groups):
-        requests = [
-            DrawRequest(
-                *runners[c].chain_state,
-                runners[c]._last_fixed,
-                {**frozen[c], "ref_loss": np.asarray(runners[c]._ref_loss, dtype=dtype)},
-                runners[c]._draw_index,
-            )
-            for c in chains
-        ]
-        carries[g] = engine.stack_chains(
-            requests, halted=[runners[c]._stopped is not None for c in chains]
-        )
-    i = first
-    while i < total and not all(r._stopped is not None for r in runners):
-        n = min(engine.length, total - i)
-        live = {g: carry for g, carry in carries.items() if not np.all(carry.halted)}
-        for g, (carry, record) in engine.run_groups(live, n).items():
-            carries[g] = carry
-            for j, c in enumerate(engine.groups[g]):
-                runner = runners[c]
-                if runner._stopped is not None:
-                    continue
-                final = engine.take(carry.states, j)
-                key = engine.take(carry.keys, j)
-                for k in range(n):
-                    state = _DrawnState(final, record["position"][k, j], record["iteration"][k, j])
-                    result = (
-                        key,
-                        state,
-                        record["emitted"][k, j],
-                        {name: value[k, j] for name, value in record["stats"].items()},
-                    )
-                    expected = {**frozen[c], "ref_loss": record["ref_loss"][k, j]}
-                    point, stats = lockstep.replay(c, points[c], result, expected)
-                    book(c, i + k, point, stats)
-                    if runner._stopped is not None:
-                        break
-                if runner._stopped is None:
-                    runner.chain_state = (key, final)
-        i += n
-
-
-def _draw_params(runner: SGMCMCStep) -> dict[str, Any]:
-    """The parameters the chain's next compiled draw takes, without the reference loss (the
-    compiled loop carries it from draw to draw)."""
-    iteration = int(runner.chain_state[1].iteration)
-    if hasattr(runner, "_draw_params"):
-        params = dict(runner._draw_params(iteration))
-    else:
-        params = dict(runner._params(iteration))
-    params.pop("ref_loss", None)
-    return params
-
-
-class _DrawnState:
-    """What a chain's ``step()`` reads of a draw's new kernel state when it books a draw of
-    the compiled loop (``position`` and ``iteration``, for its stats): the state after that
-    draw, of which the loop kept those two fields; other fields are the chunk's last."""
-
-    def __init__(self, final: Any, position: Any, iteration: Any) -> None:
-        self._final = final
-        self.position = position
-        self.iteration = iteration
-
-    def __getattr__(self, name: str) -> Any:
-        # Not for _final itself or special names: unpickling looks them up before _final is
-        # set, which recursed (a chain stopped by a divergence keeps such a state).
-        if name == "_final" or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(self._final, name)
-
-
-# -- per-chain copies of the step --------------------------------------------------------------
-
-# Shared by all chains: the compiled functions (never recompiled), the model's problem and
-# variables, the construction arguments (for unpickling only) and the generator (replaced by
-# set_rng). Everything else — the tuning state — is copied.
-_SHARED = ("_compiled", "problem", "vars", "rng", "_BlockedStep__newargs")
-
-
-def _chain_copy(step: SGMCMCStep) -> SGMCMCStep:
-    """A copy of ``step`` for one chain: its own tuning containers (noise estimates, tuned
-    values, records), the compiled functions and the model shared. (``copy.copy`` would go
-    through ``__getstate__``, which drops the compiled functions.)"""
-    clone = object.__new__(type(step))
-    model = step.problem.model
-    # The step itself maps to the clone: its tuner's rule is a bound method of the step, and a
-    # deep copy of it would otherwise bind a second, hidden copy of the step, whose attributes
-    # the rule would set while the clone's stayed as they were (SGHMC's friction did).
-    memo: dict[int, Any] = {id(model): model, id(step.problem): step.problem, id(step): clone}
-    for var in (*model.named_vars.values(), *model.value_vars):
-        memo[id(var)] = var
-    for name, value in vars(step).items():
-        if name == "chain_state":
-            value = None  # a previous run's (set_rng resets it anyway)
-        clone.__dict__[name] = value if name in _SHARED else copy.deepcopy(value, memo)
-    return clone
-
-
-def _adopt_last_chain(step: SGMCMCStep, runners: list[SGMCMCStep]) -> None:
-    """Leave ``step`` as ``pm.sample(cores=1)`` leaves it: holding the last chain's tuned
-    values and state, and every chain's settings record."""
-    records = [r.chain_settings[-1] for r in runners if r.chain_settings]
-    step.__dict__.update(vars(runners[-1]))
-    step.chain_settings = records
 
 
 # -- checks and the result -----------------------------------------------------------------------

@@ -185,7 +185,7 @@ def test_a_state_booked_from_the_compiled_loop_pickles():
     # A chain stopped mid-chunk keeps such a state, and the step's last chain is the user's
     # step afterwards: pickling it must work (its __getattr__ once recursed on unpickling).
     from pymc_sgmcmc.kernels.sgld import SGLDState
-    from pymc_sgmcmc.sampling import _DrawnState
+    from pymc_sgmcmc._chain_run import _DrawnState
 
     final = SGLDState(np.zeros(2), np.zeros(2), np.int32(7))
     drawn = _DrawnState(final, position=np.ones(2), iteration=np.int32(5))
