@@ -15,12 +15,12 @@ imports this module and serves jobs on its stdin (frames written on its stdout; 
 goes to stderr). The user's script is never run again (no ``if __name__ == "__main__":``
 needed), and PyMC's own multiprocessing — how ``pm.sample`` runs NUTS — is not touched.
 
-The workers belong to the step object: they stay up while it lives (closed when it is
-collected, or at exit) and keep its compiled functions. The first call sends each worker the
-step (model and data, cloudpickled); later calls send only its state — the tuned values,
-records and chain state — pickled with the model's objects, the step and its problem as
-references to the worker's own (as :func:`~pymc_sgmcmc._chain_run._chain_copy` shares them
-between chains). Each worker runs :func:`~pymc_sgmcmc._chain_run.tune_and_sample` for its
+The workers stay up from call to call (until :func:`close_workers` or exit), one pool for
+every step, and hold each step they were sent with its compiled functions until the step is
+garbage collected here. The first call with a step sends it whole (model and data,
+cloudpickled); later calls send only its state — the tuned values, records and chain state —
+pickled with the model's objects, the step and its problem as references to the worker's own
+(as :func:`~pymc_sgmcmc._chain_run._chain_copy` shares them between chains). Each worker runs :func:`~pymc_sgmcmc._chain_run.tune_and_sample` for its
 group — the same code as in this process, so the same seed and ``cores`` give the same draws —
 and sends each draw back in batches, with its warnings and log records; the parent books
 them (traces, progress bar, callback) as they come. Ctrl-C is forwarded to the workers, which
@@ -29,7 +29,10 @@ stop and return their draws so far, as ``pm.sample`` does.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import io
+import itertools
 import logging
 import os
 import pickle
@@ -44,7 +47,7 @@ import traceback
 import types
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -165,9 +168,9 @@ def load_state(data: bytes, step: SGMCMCStep) -> dict[str, Any]:
 
 class _Worker:
     """One worker process pinned to ``cpu`` (-1: not pinned), and a thread reading its frames
-    into the pool's queue as ``(index, message)``; ``(index, None)`` when it ends."""
+    into the pool's queue as ``(worker, message)``; ``(worker, None)`` when it ends."""
 
-    def __init__(self, index: int, cpu: int, inbox: queue.Queue) -> None:
+    def __init__(self, cpu: int, inbox: queue.Queue) -> None:
         package_root = str(Path(__file__).resolve().parent.parent)
         env = dict(os.environ)
         paths = [package_root, *(p for p in sys.path if p)]
@@ -177,7 +180,7 @@ class _Worker:
             f for f in (flags, f"floatX={pytensor.config.floatX}") if f
         )
         self.cpu = cpu
-        self.has_step = False
+        self.steps: set[int] = set()  # the tokens of the steps it holds
         self.process = subprocess.Popen(
             [sys.executable, "-c", _BOOT, str(cpu)],
             stdin=subprocess.PIPE,
@@ -186,19 +189,19 @@ class _Worker:
             start_new_session=True,  # the terminal's Ctrl-C reaches the parent only
         )
         self.reader = threading.Thread(
-            target=self._read_into, args=(index, inbox), daemon=True, name="pmsg-worker-reader"
+            target=self._read_into, args=(inbox,), daemon=True, name="pmsg-worker-reader"
         )
         self.reader.start()
 
-    def _read_into(self, index: int, inbox: queue.Queue) -> None:
+    def _read_into(self, inbox: queue.Queue) -> None:
         while True:
             try:
                 message = _read(self.process.stdout)
             except Exception as error:  # an unpicklable frame: report it, end
                 message = ("error", RuntimeError(f"unreadable message from a worker: {error!r}"))
-                inbox.put((index, message))
+                inbox.put((self, message))
                 message = None
-            inbox.put((index, message))
+            inbox.put((self, message))
             if message is None:
                 return
 
@@ -229,8 +232,9 @@ class _suppress_oserror:
 
 
 class _Pool:
-    """The worker processes of one step object, worker ``g`` pinned to the ``g``-th CPU this
-    process may use (round robin)."""
+    """The worker processes, worker ``g`` pinned to the ``g``-th CPU this process may use
+    (round robin). One pool serves every step: a worker holds each step it was sent (by
+    token) until the step is collected here."""
 
     def __init__(self) -> None:
         self.inbox: queue.Queue = queue.Queue()
@@ -241,9 +245,13 @@ class _Pool:
             self.cpus = [-1] * _usable_cpus()
 
     def ensure(self, n: int) -> list[_Worker]:
-        while len(self.workers) < n:
-            g = len(self.workers)
-            self.workers.append(_Worker(g, self.cpus[g % len(self.cpus)], self.inbox))
+        """The first ``n`` workers, started (again, if one has ended) where needed."""
+        for g in range(n):
+            if g == len(self.workers):
+                self.workers.append(None)
+            worker = self.workers[g]
+            if worker is None or worker.process.poll() is not None:
+                self.workers[g] = _Worker(self.cpus[g % len(self.cpus)], self.inbox)
         return self.workers[:n]
 
     def close(self, wait: float = _CLOSE_SECONDS) -> None:
@@ -252,25 +260,32 @@ class _Pool:
             worker.close(wait)
 
 
-_POOLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_POOL: _Pool | None = None
+_TOKENS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # step -> its token
+_NEXT_TOKEN = itertools.count()
+_FORGOTTEN: list[int] = []  # tokens of collected steps, for the workers to drop
 
 
-def _pool_for(step: SGMCMCStep) -> _Pool:
-    pool = _POOLS.get(step)
-    if pool is None:
-        pool = _POOLS[step] = _Pool()
-        weakref.finalize(step, pool.close, 1.0)
-    return pool
+def _token(step: SGMCMCStep) -> int:
+    token = _TOKENS.get(step)
+    if token is None:
+        token = _TOKENS[step] = next(_NEXT_TOKEN)
+        # Not sent from the finalizer (it may run inside another send): with the next job.
+        weakref.finalize(step, _FORGOTTEN.append, token)
+    return token
 
 
-def close_workers(step: SGMCMCStep | None = None) -> None:
-    """End the worker processes of ``step`` (of every step when None); the next
-    ``chain_method="processes"`` call starts them again."""
-    steps = list(_POOLS) if step is None else [step]
-    for s in steps:
-        pool = _POOLS.pop(s, None)
-        if pool is not None:
-            pool.close()
+def close_workers() -> None:
+    """End the worker processes of ``pmsg.sample(..., chain_method="processes")`` (they hold
+    each step's compiled functions and data); the next such call starts them again. They
+    also end at exit."""
+    global _POOL
+    pool, _POOL = _POOL, None
+    if pool is not None:
+        pool.close()
+
+
+atexit.register(close_workers)
 
 
 def run_in_processes(
@@ -288,57 +303,112 @@ def run_in_processes(
     process ``g``; the same returns, the chains' steps as their states (for
     :func:`~pymc_sgmcmc._chain_run._adopt_last_chain`: every chain's settings records, the
     last chain's whole state)."""
-    pool = _pool_for(step)
+    global _POOL
+    if _POOL is None:
+        _POOL = _Pool()
+    pool, token = _POOL, _token(step)
     workers = pool.ensure(len(groups))
+    forgotten, _FORGOTTEN[:] = list(_FORGOTTEN), []
     full: bytes | None = None
     state = dump_state(step, step)
     for g, (worker, chains) in enumerate(zip(workers, groups, strict=True)):
-        if not worker.has_step and full is None:
+        known = token in worker.steps
+        if not known and full is None:
             full = cloudpickle.dumps(step, protocol=pickle.HIGHEST_PROTOCOL)
         job = {
-            "step": None if worker.has_step else full,
-            "state": state if worker.has_step else None,
+            "token": token,
+            "forget": [t for t in forgotten if t in worker.steps],
+            "step": None if known else full,
+            "state": state if known else None,
             "points": [points[c] for c in chains],
             "rngs": [rngs[c] for c in chains],
             "draws": draws,
             "tune": tune,
             "chunks": chunks,
             "last": g == len(groups) - 1,
+            "filters": list(warnings.filters),
         }
         try:
             worker.send(("run", job))
         except (BrokenPipeError, OSError) as error:
-            close_workers(step)
+            close_workers()
             raise RuntimeError(
                 f"The worker process for chains {chains} is gone (exit code "
                 f"{worker.process.poll()}); its output went to stderr. The next call starts "
                 "new workers."
             ) from error
-        worker.has_step = True
+        worker.steps.difference_update(job["forget"])
+        worker.steps.add(token)
+    for worker in pool.workers[len(groups) :]:  # the workers this call does not use: later
+        _FORGOTTEN.extend(t for t in forgotten if t in worker.steps)
 
+    try:
+        results, errors = _collect(pool, workers, groups, book)
+    except BaseException:  # a second Ctrl-C, or raised by book (a callback) or a warning filter
+        close_workers()
+        raise
+    for g in errors:  # its step may not have loaded: sent whole next time
+        workers[g].steps.discard(token)
+    if errors:  # the first failing draw's lowest group's
+        raise min(errors.items(), key=lambda item: (item[1][0], item[0]))[1][1]
+    return _gathered(step, groups, results)
+
+
+def _collect(
+    pool: _Pool, workers: list[_Worker], groups: list[list[int]], book: Callable
+) -> tuple[dict[int, dict], dict[int, tuple[int, BaseException]]]:
+    """The workers' messages until each has finished its job: draws booked, warnings and log
+    records re-emitted here; each worker's result or error. A Ctrl-C is forwarded to the
+    workers still running (they return their draws so far); a second one raises.
+
+    After an error in draw ``d`` of a group the others are stopped as soon as they are past
+    draw ``d`` — not before: one of them may fail in the same or an earlier draw, and the
+    error raised is then, as in one process where the chains move in lockstep, that of the
+    first failing draw's lowest chain."""
     results: dict[int, dict] = {}
-    errors: dict[int, BaseException] = {}
+    errors: dict[int, tuple[int, BaseException]] = {}
+    booked = [-1] * len(groups)  # the last draw each group booked
+    stopped: set[int] = set()
+    failed_at: float = float("inf")
+
+    def stop_those_past_the_failure() -> None:
+        for h in pending - stopped:
+            if booked[h] >= failed_at:
+                stopped.add(h)
+                workers[h].interrupt()
+
     pending = set(range(len(groups)))
+    index = {id(w): g for g, w in enumerate(workers)}
     interrupted = False
     registry: dict = {}
     while pending:
         try:
             try:
-                g, message = pool.inbox.get(timeout=0.2)
+                sender, message = pool.inbox.get(timeout=0.2)
             except queue.Empty:
+                continue
+            g = index.get(id(sender))
+            if g is None:  # from a worker of an earlier call that has ended since
                 continue
             if message is None:  # the worker ended without finishing its job
                 pending.discard(g)
                 code = workers[g].process.wait()
-                errors[g] = RuntimeError(
-                    f"The worker process for chains {groups[g]} ended (exit code {code}) before "
-                    "it finished; its output went to stderr."
+                errors[g] = (
+                    booked[g] + 1,
+                    RuntimeError(
+                        f"The worker process for chains {groups[g]} ended (exit code {code}) "
+                        "before it finished; its output went to stderr."
+                    ),
                 )
+                failed_at = min(failed_at, booked[g] + 1)
+                stop_those_past_the_failure()
                 continue
             kind = message[0]
             if kind == "draws":
                 for c, i, point, stats in message[1]:
                     book(groups[g][c], i, point, stats)
+                    booked[g] = max(booked[g], i)
+                stop_those_past_the_failure()
             elif kind == "warning":
                 text, category, filename, lineno = message[1:]
                 warnings.warn_explicit(text, category, filename, lineno, registry=registry)
@@ -351,22 +421,19 @@ def run_in_processes(
                 results[g] = message[1]
                 pending.discard(g)
             elif kind == "error":
-                errors[g] = message[1]
+                error, draw = message[1:]
+                errors[g] = (draw, error)
                 pending.discard(g)
-                for other in pending:  # as in this process: the others stop there too
-                    workers[other].interrupt()
+                failed_at = min(failed_at, draw)
+                stop_those_past_the_failure()
         except KeyboardInterrupt:
             if interrupted:  # a second Ctrl-C: do not wait for the workers
-                close_workers(step)
                 raise
             interrupted = True
-            for other in pending:
+            for other in pending - stopped:
+                stopped.add(other)
                 workers[other].interrupt()
-    if any(w.process.poll() is not None for w in workers):
-        close_workers(step)
-    if errors:
-        raise errors[min(errors)]
-    return _gathered(step, groups, results)
+    return results, errors
 
 
 def _gathered(
@@ -389,20 +456,46 @@ def _gathered(
 
 
 class _Outbox:
-    """The worker's frames to the parent: booked draws batched, warnings and log records."""
+    """The worker's frames to the parent: booked draws batched, warnings and log records.
+
+    A Ctrl-C forwarded by the parent raises KeyboardInterrupt in the worker's main thread;
+    while that thread writes a frame (or is :meth:`shielded`) it is held back and raised
+    after, so that no frame is cut short."""
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
         self.lock = threading.Lock()
         self.draws: list = []
         self.sent = time.monotonic()
+        self.last_draw = -1  # the last draw booked in this job
+        self.holding = 0  # the main thread is writing or shielded
+        self.held = False  # a Ctrl-C came meanwhile
+
+    def on_sigint(self, signum: int, frame: Any) -> None:
+        if self.holding:
+            self.held = True
+        else:
+            raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def shielded(self, release: bool = True) -> Iterator[None]:
+        main = threading.current_thread() is threading.main_thread()
+        self.holding += main
+        try:
+            yield
+        finally:
+            self.holding -= main
+            if main and not self.holding and self.held and release:
+                self.held = False
+                raise KeyboardInterrupt
 
     def send(self, message: Any) -> None:
-        with self.lock:
+        with self.shielded(), self.lock:
             _write(self.stream, message)
 
     def book(self, c: int, i: int, point: dict, stats: list[dict]) -> None:
         self.draws.append((c, i, point, stats))
+        self.last_draw = max(self.last_draw, i)
         if time.monotonic() - self.sent >= _FLUSH_SECONDS:
             self.flush()
 
@@ -434,30 +527,44 @@ def serve() -> None:
     outbox = _Outbox(os.fdopen(os.dup(1), "wb"))
     os.dup2(2, 1)  # what the worker prints goes to stderr, not into the frames
     sys.stdout = sys.stderr
+    # A Ctrl-C forwarded by the parent raises KeyboardInterrupt here even when the parent was
+    # started with SIGINT ignored (a shell's background job), which its children inherit.
+    signal.signal(signal.SIGINT, outbox.on_sigint)
     root = logging.getLogger()
     root.addHandler(_LogForwarder(outbox))
     root.setLevel(logging.INFO)
-    step: SGMCMCStep | None = None
+    held: dict[int, SGMCMCStep] = {}  # token -> step
     while True:
         try:
             message = _read(inbox)
-            if message is None:
-                return
-            _, job = message
-            if job["step"] is not None:
-                step = pickle.loads(job["step"])
-            elif job["state"] is not None:
-                step.__dict__.update(load_state(job["state"], step))
-            outbox.send(_run_job(step, job, outbox))
-        except KeyboardInterrupt:  # a Ctrl-C forwarded between jobs
+        except KeyboardInterrupt:  # a Ctrl-C forwarded while idle: nothing to stop
             continue
+        if message is None:
+            return
+        outbox.held, outbox.last_draw = False, -1
+        result = _run_job(held, message[1], outbox)
+        with outbox.shielded(release=False):
+            outbox.send(result)
+            outbox.held = False  # the job is over: a Ctrl-C for it is spent
 
 
-def _run_job(step: SGMCMCStep, job: dict, outbox: _Outbox) -> tuple:
-    """The job's group of chains, tuned and sampled: ``("done", result)`` or ``("error", e)``."""
+def _run_job(held: dict, job: dict, outbox: _Outbox) -> tuple:
+    """The job's group of chains, tuned and sampled: ``("done", result)`` or ``("error", e)``.
+    ``held`` maps tokens to the steps the worker was sent."""
     try:
+        for token in job["forget"]:
+            held.pop(token, None)
+        if job["step"] is not None:
+            held[job["token"]] = pickle.loads(job["step"])
+        step = held[job["token"]]
+        if job["state"] is not None:
+            step.__dict__.update(load_state(job["state"], step))
         with warnings.catch_warnings(), float64_scope(step.problem.dtype):
-            warnings.simplefilter("always")  # the parent's filters decide
+            # The caller's filters, but "error": raised there, when the warning arrives.
+            warnings.filters[:] = [
+                ("always", *f[1:]) if f[0] == "error" else f for f in job["filters"]
+            ]
+            getattr(warnings, "_filters_mutated", lambda: None)()  # (CPython's cache)
             warnings.showwarning = outbox.warning
             points = job["points"]
             stopped, runners = tune_and_sample(
@@ -470,6 +577,7 @@ def _run_job(step: SGMCMCStep, job: dict, outbox: _Outbox) -> tuple:
                 job["chunks"],
                 outbox.book,
             )
+        with outbox.shielded(release=False):
             outbox.flush()
             result = {
                 "stopped": stopped,
@@ -478,10 +586,11 @@ def _run_job(step: SGMCMCStep, job: dict, outbox: _Outbox) -> tuple:
             }
         return ("done", result)
     except BaseException as error:  # noqa: BLE001 -- sent to the parent, raised there
-        outbox.flush()
-        error.add_note("In the worker process:\n" + "".join(traceback.format_exception(error)))
-        try:
-            pickle.loads(cloudpickle.dumps(error))
-        except Exception:
-            error = RuntimeError("".join(traceback.format_exception(error)))
-        return ("error", error)
+        with outbox.shielded(release=False):
+            outbox.flush()
+            error.add_note("In the worker process:\n" + "".join(traceback.format_exception(error)))
+            try:
+                pickle.loads(cloudpickle.dumps(error))
+            except Exception:
+                error = RuntimeError("".join(traceback.format_exception(error)))
+        return ("error", error, outbox.last_draw + 1)

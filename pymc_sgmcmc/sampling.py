@@ -129,10 +129,10 @@ def sample(
         its own, pinned to one CPU — faster for several chains of a small or medium model,
         where the groups in one process contend for XLA's one thread pool (measured in
         ``benchmarks/vectorised.py``). The workers start with the first call (a fresh
-        interpreter each: seconds) and then stay with the step, keeping its compiled
-        functions, until it is garbage collected, the interpreter exits or
-        :func:`pymc_sgmcmc.close_workers` is called. The same seed and ``cores`` give the same
-        draws with either method.
+        interpreter each: seconds) and stay for later calls, holding each step's compiled
+        functions and data until the step is garbage collected;
+        :func:`pymc_sgmcmc.close_workers` ends them, as does the interpreter's exit. The same
+        seed and ``cores`` give the same draws with either method.
 
     Returns
     -------
