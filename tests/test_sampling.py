@@ -184,8 +184,8 @@ def test_divergence_after_tuning_is_pm_samples():
 def test_a_state_booked_from_the_compiled_loop_pickles():
     # A chain stopped mid-chunk keeps such a state, and the step's last chain is the user's
     # step afterwards: pickling it must work (its __getattr__ once recursed on unpickling).
-    from pymc_sgmcmc.kernels.sgld import SGLDState
     from pymc_sgmcmc._chain_run import _DrawnState
+    from pymc_sgmcmc.kernels.sgld import SGLDState
 
     final = SGLDState(np.zeros(2), np.zeros(2), np.int32(7))
     drawn = _DrawnState(final, position=np.ones(2), iteration=np.int32(5))
