@@ -7,6 +7,6 @@ posterior (already bound to the minibatch). ``normal`` optionally supplies the s
 standard-normal draw so that a driver can draw a whole scan's noise in one call.
 """
 
-from pymc_sgmcmc.kernels import preconditioning, saga, sgd, sgld, svrg
+from pymc_sgmcmc.kernels import langevin, preconditioning, saga, sgd, sgld, svrg
 
-__all__ = ["preconditioning", "saga", "sgd", "sgld", "svrg"]
+__all__ = ["langevin", "preconditioning", "saga", "sgd", "sgld", "svrg"]

@@ -36,9 +36,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from pymc_sgmcmc.kernels.preconditioning import apply_preconditioner, standard_normal
+from pymc_sgmcmc.kernels import langevin
+from pymc_sgmcmc.kernels.preconditioning import standard_normal
 
-__all__ = ["SAGAInfo", "SAGAState", "estimator", "init", "prefetch", "step"]
+__all__ = ["SAGAInfo", "SAGAState", "estimate", "estimator", "init", "prefetch", "step"]
 
 
 class SAGAState(NamedTuple):
@@ -144,25 +145,34 @@ def step(
     >>> float(new.table_sum[0])                    # row 1 replaced: 1 + 2
     3.0
     """
+    grad, state = estimate(state, prior_grad_fn, row_grads_fn, rows, data_size, next_rows)
+    noise = standard_normal(rng_key, state.position, normal)
+    position = langevin.move(
+        state.position, grad, noise, step_size, temperature, preconditioner, noise_factor
+    )
+    info = SAGAInfo(jnp.asarray(step_size), jnp.linalg.norm(grad))
+    return state._replace(position=position, iteration=state.iteration + 1), info
+
+
+def estimate(
+    state: SAGAState,
+    prior_grad_fn: Callable[[jax.Array], jax.Array],
+    row_grads_fn: Callable[[jax.Array], jax.Array],
+    rows: jax.Array,
+    data_size: int,
+    next_rows: jax.Array | None = None,
+) -> tuple[jax.Array, SAGAState]:
+    """SAGA as a gradient estimator: the estimate at ``state.position``, and the state with
+    the minibatch rows' gradients stored in the table (at that position, once each) and the
+    next rows prefetched (see :func:`step`); position and iteration unchanged."""
     position = state.position
     row_grads = row_grads_fn(position)
     old = state.table[rows] if next_rows is None else state.prefetched
     grad = estimator(state, prior_grad_fn(position), row_grads, rows, data_size, stored=old)
-    noise = standard_normal(rng_key, position, normal)
-    if preconditioner is None:
-        new_position = position + 0.5 * step_size * grad + jnp.sqrt(step_size * temperature) * noise
-    else:
-        # The tuned form θ' = θ + P ĝ + R ξ (pymc_sgmcmc.tuning.rates): P the preconditioner,
-        # R the factor of the injected noise; step_size and temperature are in them.
-        new_position = position + apply_preconditioner(preconditioner, grad)
-        new_position = new_position + apply_preconditioner(noise_factor, noise)
-    # Store the rows' gradients at the position they were computed at (θ, not θ'), once each.
     first = _first_occurrence(rows)
     table = state.table.at[jnp.where(first, rows, data_size)].set(row_grads, mode="drop")
     delta = jnp.sum(jnp.where(first[:, None], row_grads - old, 0.0), axis=0)
     prefetched = state.prefetched if next_rows is None else table[next_rows]
-    info = SAGAInfo(jnp.asarray(step_size), jnp.linalg.norm(grad))
-    new_state = SAGAState(
-        new_position, table, state.table_sum + delta, state.iteration + 1, prefetched
+    return grad, state._replace(
+        table=table, table_sum=state.table_sum + delta, prefetched=prefetched
     )
-    return new_state, info

@@ -36,6 +36,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from pymc_sgmcmc.kernels import langevin
 from pymc_sgmcmc.kernels.preconditioning import (
     apply_preconditioner,
     preconditioned_noise,
@@ -113,18 +114,18 @@ def step(
     if rmsprop:
         square_avg = alpha * state.square_avg + (1.0 - alpha) * grad * grad
         precond = 1.0 / (damping + jnp.sqrt(square_avg))
-        drift = 0.5 * step_size * precond * grad
+        drive = precond * grad
         noise = preconditioned_noise(rng_key, precond, grad, normal)
     else:
         square_avg = state.square_avg
-        drift = 0.5 * step_size * apply_preconditioner(preconditioner, grad)
+        drive = apply_preconditioner(preconditioner, grad)
         if preconditioner_sqrt is not None:
             noise = apply_preconditioner(
                 preconditioner_sqrt, standard_normal(rng_key, grad, normal)
             )
         else:
             noise = preconditioned_noise(rng_key, preconditioner, grad, normal)
-    noise = jnp.sqrt(step_size * temperature) * noise
-    position = state.position + drift + noise
+    # The Langevin move in its first form, with G ĝ and S ξ.
+    position = langevin.move(state.position, drive, noise, step_size, temperature)
     info = SGLDInfo(jnp.asarray(step_size), jnp.linalg.norm(grad))
     return SGLDState(position, square_avg, state.iteration + 1), info

@@ -30,9 +30,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from pymc_sgmcmc.kernels.preconditioning import apply_preconditioner, standard_normal
+from pymc_sgmcmc.kernels import langevin
+from pymc_sgmcmc.kernels.preconditioning import standard_normal
 
-__all__ = ["SVRGInfo", "SVRGState", "estimator", "init", "step"]
+__all__ = ["SVRGInfo", "SVRGState", "estimate", "estimator", "init", "step"]
 
 
 class SVRGState(NamedTuple):
@@ -88,6 +89,29 @@ def step(
     ``full_grad_fn(θ)`` the summed gradient over all ``N`` rows (run at anchor refreshes
     only, under ``lax.cond``).
     """
+    grad, state = estimate(
+        state, prior_grad_fn, batch_grad_fn, full_grad_fn, data_size, batch_size, anchor_every
+    )
+    noise = standard_normal(rng_key, state.position, normal)
+    position = langevin.move(
+        state.position, grad, noise, step_size, temperature, preconditioner, noise_factor
+    )
+    info = SVRGInfo(jnp.asarray(step_size), jnp.linalg.norm(grad))
+    return state._replace(position=position, iteration=state.iteration + 1), info
+
+
+def estimate(
+    state: SVRGState,
+    prior_grad_fn: Callable[[jax.Array], jax.Array],
+    batch_grad_fn: Callable[[jax.Array], jax.Array],
+    full_grad_fn: Callable[[jax.Array], jax.Array],
+    data_size: int,
+    batch_size: int,
+    anchor_every: int,
+) -> tuple[jax.Array, SVRGState]:
+    """SVRG as a gradient estimator: the estimate at ``state.position``, and the state with
+    the anchor moved there (and its full-data gradient taken) every ``anchor_every``
+    iterations; position and iteration unchanged."""
     position = state.position
     refresh = state.iteration % anchor_every == 0
     anchor, anchor_grad = jax.lax.cond(
@@ -103,13 +127,4 @@ def step(
         data_size,
         batch_size,
     )
-    noise = standard_normal(rng_key, position, normal)
-    if preconditioner is None:
-        new_position = position + 0.5 * step_size * grad + jnp.sqrt(step_size * temperature) * noise
-    else:
-        # The tuned form θ' = θ + P ĝ + R ξ (pymc_sgmcmc.tuning.rates): P the preconditioner,
-        # R the factor of the injected noise; step_size and temperature are in them.
-        new_position = position + apply_preconditioner(preconditioner, grad)
-        new_position = new_position + apply_preconditioner(noise_factor, noise)
-    info = SVRGInfo(jnp.asarray(step_size), jnp.linalg.norm(grad))
-    return SVRGState(new_position, anchor, anchor_grad, state.iteration + 1), info
+    return grad, state._replace(anchor=anchor, anchor_grad=anchor_grad)
