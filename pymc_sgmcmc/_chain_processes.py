@@ -30,7 +30,6 @@ stop and return their draws so far, as ``pm.sample`` does.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import io
 import itertools
 import logging
@@ -47,11 +46,12 @@ import traceback
 import types
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import cloudpickle
+import jax
 import pytensor
 
 from pymc_sgmcmc._chain_engine import _usable_cpus
@@ -67,12 +67,21 @@ _log = logging.getLogger("pymc")
 # Kept in each process (never sent): the compiled functions, the model's problem and
 # variables, PyMC's construction arguments and the chain's device.
 _LOCAL = ("_compiled", "problem", "vars", "_BlockedStep__newargs", "_chain_device")
+_ONE_CALL = threading.Lock()
+# JAX settings that change the draws, made in code (the workers start with JAX's defaults and
+# the environment's JAX_* variables); jax_enable_x64 is the step's own, per call.
+_JAX_SETTINGS = (
+    "jax_default_prng_impl",
+    "jax_default_matmul_precision",
+    "jax_threefry_partitionable",
+)
 _FLUSH_SECONDS = 0.1  # a worker sends its booked draws at most this often (and at the end)
 _CLOSE_SECONDS = 5.0
 
 # The worker's first lines: pinned before anything imports JAX.
 _BOOT = (
-    "import os, sys\n"
+    "import os, signal, sys\n"
+    "signal.signal(signal.SIGINT, signal.SIG_IGN)  # until serve() installs its handler\n"
     "cpu = int(sys.argv[1])\n"
     "if cpu >= 0 and hasattr(os, 'sched_setaffinity'):\n"
     "    os.sched_setaffinity(0, {cpu})\n"
@@ -171,18 +180,22 @@ class _Worker:
     into the pool's queue as ``(worker, message)``; ``(worker, None)`` when it ends."""
 
     def __init__(self, cpu: int, inbox: queue.Queue) -> None:
+        # This process's import path, this package first ('' is the current directory);
+        # -P: the worker's own current directory is not put in front of it.
         package_root = str(Path(__file__).resolve().parent.parent)
         env = dict(os.environ)
-        paths = [package_root, *(p for p in sys.path if p)]
+        paths = [package_root, *(p or os.getcwd() for p in sys.path)]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        env["JAX_PLATFORMS"] = "cpu"  # chain_method="processes" is refused on other backends
         flags = env.get("PYTENSOR_FLAGS", "")
         env["PYTENSOR_FLAGS"] = ",".join(
             f for f in (flags, f"floatX={pytensor.config.floatX}") if f
         )
         self.cpu = cpu
         self.steps: set[int] = set()  # the tokens of the steps it holds
+        self.forget: set[int] = set()  # of those, the collected steps: dropped with the next job
         self.process = subprocess.Popen(
-            [sys.executable, "-c", _BOOT, str(cpu)],
+            [sys.executable, "-P", "-c", _BOOT, str(cpu)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -197,9 +210,10 @@ class _Worker:
         while True:
             try:
                 message = _read(self.process.stdout)
-            except Exception as error:  # an unpicklable frame: report it, end
-                message = ("error", RuntimeError(f"unreadable message from a worker: {error!r}"))
-                inbox.put((self, message))
+            except Exception as error:  # an unreadable frame: the stream is lost; report, end
+                self.process.kill()
+                reason = RuntimeError(f"unreadable message from a worker process: {error!r}")
+                inbox.put((self, ("error", reason, 0)))
                 message = None
             inbox.put((self, message))
             if message is None:
@@ -213,11 +227,17 @@ class _Worker:
             with _suppress_oserror():
                 os.kill(self.process.pid, signal.SIGINT)
 
-    def close(self, wait: float) -> None:
+    def end_input(self, kill: bool) -> None:
+        """Close its input (it ends when it has read all of it), or kill it."""
+        if kill:
+            with _suppress_oserror():
+                self.process.kill()
         with _suppress_oserror():
-            self.process.stdin.close()  # the worker ends at the end of its input
+            self.process.stdin.close()
+
+    def wait(self, timeout: float) -> None:
         try:
-            self.process.wait(timeout=wait)
+            self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
@@ -254,10 +274,14 @@ class _Pool:
                 self.workers[g] = _Worker(self.cpus[g % len(self.cpus)], self.inbox)
         return self.workers[:n]
 
-    def close(self, wait: float = _CLOSE_SECONDS) -> None:
-        workers, self.workers = self.workers, []
+    def close(self, wait: float = _CLOSE_SECONDS, kill: bool = False) -> None:
+        """End every worker: at the end of its input (idle ones end at once), or killed."""
+        workers, self.workers = [w for w in self.workers if w is not None], []
         for worker in workers:
-            worker.close(wait)
+            worker.end_input(kill)
+        deadline = time.monotonic() + wait
+        for worker in workers:
+            worker.wait(max(0.0, deadline - time.monotonic()))
 
 
 _POOL: _Pool | None = None
@@ -275,14 +299,14 @@ def _token(step: SGMCMCStep) -> int:
     return token
 
 
-def close_workers() -> None:
+def close_workers(kill: bool = False) -> None:
     """End the worker processes of ``pmsg.sample(..., chain_method="processes")`` (they hold
     each step's compiled functions and data); the next such call starts them again. They
-    also end at exit."""
+    also end at exit. ``kill``: at once, even in the middle of a job."""
     global _POOL
     pool, _POOL = _POOL, None
     if pool is not None:
-        pool.close()
+        pool.close(kill=kill)
 
 
 atexit.register(close_workers)
@@ -303,21 +327,51 @@ def run_in_processes(
     process ``g``; the same returns, the chains' steps as their states (for
     :func:`~pymc_sgmcmc._chain_run._adopt_last_chain`: every chain's settings records, the
     last chain's whole state)."""
-    global _POOL
-    if _POOL is None:
-        _POOL = _Pool()
-    pool, token = _POOL, _token(step)
-    workers = pool.ensure(len(groups))
-    forgotten, _FORGOTTEN[:] = list(_FORGOTTEN), []
+    with _ONE_CALL:  # the workers serve one call at a time (their frames share one inbox)
+        global _POOL
+        if _POOL is None:
+            _POOL = _Pool()
+        pool, token = _POOL, _token(step)
+        workers = pool.ensure(len(groups))
+        forgotten, _FORGOTTEN[:] = set(_FORGOTTEN), []
+        for worker in pool.workers:
+            worker.forget |= forgotten & worker.steps
+        try:
+            _send_jobs(step, token, workers, groups, points, rngs, draws, tune, chunks)
+            results, errors = _collect(pool, workers, groups, book)
+        except BaseException:  # Ctrl-C while sending, a send failing, an error in book (a
+            close_workers(kill=True)  # callback): no worker may go on with this call's job
+            raise
+        for g in errors:  # its step may not have loaded: sent whole next time
+            workers[g].steps.discard(token)
+    if errors:  # the first failing draw's lowest group's
+        raise min(errors.items(), key=lambda item: (item[1][0], item[0]))[1][1]
+    return _gathered(step, groups, results)
+
+
+def _send_jobs(
+    step: SGMCMCStep,
+    token: int,
+    workers: list[_Worker],
+    groups: list[list[int]],
+    points: list[dict],
+    rngs: list,
+    draws: int,
+    tune: int,
+    chunks: int,
+) -> None:
+    """Worker ``g`` is sent group ``g``'s job: the step whole if it does not hold it, else the
+    step's state; JAX's settings that change draws; the caller's warning filters."""
     full: bytes | None = None
     state = dump_state(step, step)
+    settings = {name: getattr(jax.config, name) for name in _JAX_SETTINGS}
     for g, (worker, chains) in enumerate(zip(workers, groups, strict=True)):
         known = token in worker.steps
         if not known and full is None:
             full = cloudpickle.dumps(step, protocol=pickle.HIGHEST_PROTOCOL)
         job = {
             "token": token,
-            "forget": [t for t in forgotten if t in worker.steps],
+            "forget": sorted(worker.forget),
             "step": None if known else full,
             "state": state if known else None,
             "points": [points[c] for c in chains],
@@ -327,39 +381,35 @@ def run_in_processes(
             "chunks": chunks,
             "last": g == len(groups) - 1,
             "filters": list(warnings.filters),
+            "jax": settings,
         }
         try:
             worker.send(("run", job))
         except (BrokenPipeError, OSError) as error:
-            close_workers()
             raise RuntimeError(
                 f"The worker process for chains {chains} is gone (exit code "
                 f"{worker.process.poll()}); its output went to stderr. The next call starts "
                 "new workers."
             ) from error
-        worker.steps.difference_update(job["forget"])
+        worker.steps -= worker.forget
+        worker.forget = set()
         worker.steps.add(token)
-    for worker in pool.workers[len(groups) :]:  # the workers this call does not use: later
-        _FORGOTTEN.extend(t for t in forgotten if t in worker.steps)
-
-    try:
-        results, errors = _collect(pool, workers, groups, book)
-    except BaseException:  # a second Ctrl-C, or raised by book (a callback) or a warning filter
-        close_workers()
-        raise
-    for g in errors:  # its step may not have loaded: sent whole next time
-        workers[g].steps.discard(token)
-    if errors:  # the first failing draw's lowest group's
-        raise min(errors.items(), key=lambda item: (item[1][0], item[0]))[1][1]
-    return _gathered(step, groups, results)
 
 
 def _collect(
     pool: _Pool, workers: list[_Worker], groups: list[list[int]], book: Callable
 ) -> tuple[dict[int, dict], dict[int, tuple[int, BaseException]]]:
     """The workers' messages until each has finished its job: draws booked, warnings and log
-    records re-emitted here; each worker's result or error. A Ctrl-C is forwarded to the
-    workers still running (they return their draws so far); a second one raises.
+    records re-emitted here; each worker's result or error.
+
+    Ctrl-C (or a KeyboardInterrupt raised by ``book``, i.e. by a callback) stops the run as in
+    one process: the workers are told to stop (again every second, until they have) and
+    return; of the draws they send meanwhile those up to the last draw booked at the Ctrl-C
+    are booked (the chains end near the same draw, as in one process where they move
+    together), but for the group whose draw raised in ``book`` — none after it, so that no
+    chain has a gap. A second Ctrl-C raises at once.
+    While this runs in the main thread, Ctrl-C only sets a flag: a draw is never half
+    booked.
 
     After an error in draw ``d`` of a group the others are stopped as soon as they are past
     draw ``d`` — not before: one of them may fail in the same or an earlier draw, and the
@@ -368,50 +418,66 @@ def _collect(
     results: dict[int, dict] = {}
     errors: dict[int, tuple[int, BaseException]] = {}
     booked = [-1] * len(groups)  # the last draw each group booked
-    stopped: set[int] = set()
+    pending = set(range(len(groups)))
+    stopped: dict[int, float] = {}  # group -> when it was last told to stop
     failed_at: float = float("inf")
+    index = {id(w): g for g, w in enumerate(workers)}
+    ctrl_c = _CtrlC()
+    cut: set[int] = set()
+    limit: int | None = None  # after a Ctrl-C: the last draw any chain had booked
 
-    def stop_those_past_the_failure() -> None:
-        for h in pending - stopped:
-            if booked[h] >= failed_at:
-                stopped.add(h)
+    def stop(groups_: set[int], again_after: float | None = None) -> None:
+        now = time.monotonic()
+        for h in groups_:
+            if h not in stopped or (again_after is not None and now - stopped[h] > again_after):
+                stopped[h] = now
                 workers[h].interrupt()
 
-    pending = set(range(len(groups)))
-    index = {id(w): g for g, w in enumerate(workers)}
-    interrupted = False
-    registry: dict = {}
-    while pending:
-        try:
+    def fail(g: int, draw: int, error: BaseException) -> None:
+        nonlocal failed_at
+        errors[g] = (draw, error)
+        pending.discard(g)
+        failed_at = min(failed_at, draw)
+        stop({h for h in pending if booked[h] >= failed_at})
+
+    with ctrl_c:
+        while pending:
+            if ctrl_c.pressed:
+                stop(pending, again_after=1.0)
             try:
                 sender, message = pool.inbox.get(timeout=0.2)
             except queue.Empty:
                 continue
             g = index.get(id(sender))
-            if g is None:  # from a worker of an earlier call that has ended since
+            if g is None or g not in pending:  # an earlier call's worker, or finished
                 continue
             if message is None:  # the worker ended without finishing its job
-                pending.discard(g)
                 code = workers[g].process.wait()
-                errors[g] = (
-                    booked[g] + 1,
-                    RuntimeError(
-                        f"The worker process for chains {groups[g]} ended (exit code {code}) "
-                        "before it finished; its output went to stderr."
-                    ),
+                reason = RuntimeError(
+                    f"The worker process for chains {groups[g]} ended (exit code {code}) "
+                    "before it finished; its output went to stderr."
                 )
-                failed_at = min(failed_at, booked[g] + 1)
-                stop_those_past_the_failure()
+                fail(g, booked[g] + 1, reason)
                 continue
             kind = message[0]
-            if kind == "draws":
+            if kind == "draws" and g not in cut:
                 for c, i, point, stats in message[1]:
-                    book(groups[g][c], i, point, stats)
+                    if ctrl_c.pressed and limit is None:
+                        limit = max(booked)
+                    if limit is not None and i > limit:
+                        continue
+                    try:
+                        book(groups[g][c], i, point, stats)
+                    except KeyboardInterrupt:  # from a callback: as a Ctrl-C, after this draw
+                        ctrl_c.press()
+                        limit = i
+                        cut.add(g)  # none of the group's later draws: no chain with a gap
+                        break
                     booked[g] = max(booked[g], i)
-                stop_those_past_the_failure()
+                stop({h for h in pending if booked[h] >= failed_at})
             elif kind == "warning":
                 text, category, filename, lineno = message[1:]
-                warnings.warn_explicit(text, category, filename, lineno, registry=registry)
+                warnings.warn_explicit(text, category, filename, lineno)
             elif kind == "log":
                 record = message[1]
                 logger = logging.getLogger(record.name)
@@ -421,19 +487,34 @@ def _collect(
                 results[g] = message[1]
                 pending.discard(g)
             elif kind == "error":
-                error, draw = message[1:]
-                errors[g] = (draw, error)
-                pending.discard(g)
-                failed_at = min(failed_at, draw)
-                stop_those_past_the_failure()
-        except KeyboardInterrupt:
-            if interrupted:  # a second Ctrl-C: do not wait for the workers
-                raise
-            interrupted = True
-            for other in pending - stopped:
-                stopped.add(other)
-                workers[other].interrupt()
+                fail(g, message[2], message[1])
     return results, errors
+
+
+class _CtrlC:
+    """While entered in the main thread, Ctrl-C sets ``pressed`` instead of raising; a second
+    one raises KeyboardInterrupt. Elsewhere (another thread) only :meth:`press` sets it."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+        self.previous: Any = None
+
+    def press(self) -> None:
+        self.pressed = True
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+        self.pressed = True
+
+    def __enter__(self) -> _CtrlC:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
 
 
 def _gathered(
@@ -458,9 +539,10 @@ def _gathered(
 class _Outbox:
     """The worker's frames to the parent: booked draws batched, warnings and log records.
 
-    A Ctrl-C forwarded by the parent raises KeyboardInterrupt in the worker's main thread;
-    while that thread writes a frame (or is :meth:`shielded`) it is held back and raised
-    after, so that no frame is cut short."""
+    A Ctrl-C forwarded by the parent raises KeyboardInterrupt in the worker's main thread only
+    while a job's sampling is ``armed``, and only once per job (the parent repeats it until
+    the job returns); never while that thread writes a frame — it is then held and raised
+    right after — so no frame is cut short, and never between jobs."""
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
@@ -468,30 +550,38 @@ class _Outbox:
         self.draws: list = []
         self.sent = time.monotonic()
         self.last_draw = -1  # the last draw booked in this job
-        self.holding = 0  # the main thread is writing or shielded
-        self.held = False  # a Ctrl-C came meanwhile
+        self.armed = False  # a Ctrl-C may raise (once)
+        self.writing = 0  # the main thread is writing a frame
+        self.held = False  # a Ctrl-C came while it was
 
     def on_sigint(self, signum: int, frame: Any) -> None:
-        if self.holding:
+        if not self.armed:
+            return
+        if self.writing:
             self.held = True
-        else:
-            raise KeyboardInterrupt
+            return
+        self.armed = False
+        raise KeyboardInterrupt
 
-    @contextlib.contextmanager
-    def shielded(self, release: bool = True) -> Iterator[None]:
-        main = threading.current_thread() is threading.main_thread()
-        self.holding += main
-        try:
-            yield
-        finally:
-            self.holding -= main
-            if main and not self.holding and self.held and release:
-                self.held = False
-                raise KeyboardInterrupt
+    def start_job(self) -> None:
+        self.draws, self.last_draw, self.held = [], -1, False
+        self.sent = time.monotonic()
+        self.armed = True
+
+    def end_job(self) -> None:
+        self.armed = self.held = False
 
     def send(self, message: Any) -> None:
-        with self.shielded(), self.lock:
-            _write(self.stream, message)
+        main = threading.current_thread() is threading.main_thread()
+        self.writing += main
+        try:
+            with self.lock:
+                _write(self.stream, message)
+        finally:
+            self.writing -= main
+        if main and self.held and self.armed and not self.writing:
+            self.held = self.armed = False
+            raise KeyboardInterrupt
 
     def book(self, c: int, i: int, point: dict, stats: list[dict]) -> None:
         self.draws.append((c, i, point, stats))
@@ -527,43 +617,44 @@ def serve() -> None:
     outbox = _Outbox(os.fdopen(os.dup(1), "wb"))
     os.dup2(2, 1)  # what the worker prints goes to stderr, not into the frames
     sys.stdout = sys.stderr
-    # A Ctrl-C forwarded by the parent raises KeyboardInterrupt here even when the parent was
-    # started with SIGINT ignored (a shell's background job), which its children inherit.
+    # The parent's forwarded Ctrl-C (SIGINT ignored until here, see _BOOT).
     signal.signal(signal.SIGINT, outbox.on_sigint)
+    # Every log record goes to the parent, which prints it or not: the handlers the imports
+    # installed here (PyMC's on "pymc") would print it a second time.
+    for logger in [logging.getLogger(), *logging.root.manager.loggerDict.values()]:
+        if isinstance(logger, logging.Logger):
+            for handler in list(logger.handlers):
+                logger.removeHandler(handler)
+            logger.propagate = True
     root = logging.getLogger()
     root.addHandler(_LogForwarder(outbox))
     root.setLevel(logging.INFO)
     held: dict[int, SGMCMCStep] = {}  # token -> step
     while True:
-        try:
-            message = _read(inbox)
-        except KeyboardInterrupt:  # a Ctrl-C forwarded while idle: nothing to stop
-            continue
+        message = _read(inbox)
         if message is None:
             return
-        outbox.held, outbox.last_draw = False, -1
         result = _run_job(held, message[1], outbox)
-        with outbox.shielded(release=False):
-            outbox.send(result)
-            outbox.held = False  # the job is over: a Ctrl-C for it is spent
+        outbox.send(result)
 
 
 def _run_job(held: dict, job: dict, outbox: _Outbox) -> tuple:
-    """The job's group of chains, tuned and sampled: ``("done", result)`` or ``("error", e)``.
-    ``held`` maps tokens to the steps the worker was sent."""
+    """The job's group of chains, tuned and sampled: ``("done", result)`` or
+    ``("error", error, draw)``. ``held`` maps tokens to the steps the worker was sent."""
+    outbox.start_job()
     try:
         for token in job["forget"]:
             held.pop(token, None)
+        for name, value in job["jax"].items():
+            if getattr(jax.config, name) != value:
+                jax.config.update(name, value)
         if job["step"] is not None:
             held[job["token"]] = pickle.loads(job["step"])
         step = held[job["token"]]
         if job["state"] is not None:
             step.__dict__.update(load_state(job["state"], step))
         with warnings.catch_warnings(), float64_scope(step.problem.dtype):
-            # The caller's filters, but "error": raised there, when the warning arrives.
-            warnings.filters[:] = [
-                ("always", *f[1:]) if f[0] == "error" else f for f in job["filters"]
-            ]
+            warnings.filters[:] = job["filters"]  # the caller's ("error" raises here, as there)
             getattr(warnings, "_filters_mutated", lambda: None)()  # (CPython's cache)
             warnings.showwarning = outbox.warning
             points = job["points"]
@@ -577,20 +668,20 @@ def _run_job(held: dict, job: dict, outbox: _Outbox) -> tuple:
                 job["chunks"],
                 outbox.book,
             )
-        with outbox.shielded(release=False):
-            outbox.flush()
-            result = {
-                "stopped": stopped,
-                "settings": [r.chain_settings for r in runners],
-                "last": dump_state(step, runners[-1]) if job["last"] else None,
-            }
+        outbox.end_job()
+        outbox.flush()
+        result = {
+            "stopped": stopped,
+            "settings": [r.chain_settings for r in runners],
+            "last": dump_state(step, runners[-1]) if job["last"] else None,
+        }
         return ("done", result)
     except BaseException as error:  # noqa: BLE001 -- sent to the parent, raised there
-        with outbox.shielded(release=False):
-            outbox.flush()
-            error.add_note("In the worker process:\n" + "".join(traceback.format_exception(error)))
-            try:
-                pickle.loads(cloudpickle.dumps(error))
-            except Exception:
-                error = RuntimeError("".join(traceback.format_exception(error)))
+        outbox.end_job()
+        outbox.flush()
+        error.add_note("In the worker process:\n" + "".join(traceback.format_exception(error)))
+        try:
+            pickle.loads(cloudpickle.dumps(error))
+        except Exception:
+            error = RuntimeError("".join(traceback.format_exception(error)))
         return ("error", error, outbox.last_draw + 1)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import os
 import time
 import warnings
 from collections.abc import Callable
@@ -202,6 +203,11 @@ def sample(
         raise ValueError(
             f"chain_method must be one of {CHAIN_METHODS}, got {chain_method!r}: "
             '"vectorized" runs the chains in this process, "processes" in worker processes.'
+        )
+    if chain_method == "processes" and os.name != "posix":
+        raise ValueError(
+            'chain_method="processes" needs a POSIX system (its workers are pinned to CPUs and '
+            'stopped with SIGINT); use chain_method="vectorized".'
         )
     if chain_method == "processes" and jax.default_backend() != "cpu":
         raise ValueError(

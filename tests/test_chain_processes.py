@@ -1,8 +1,9 @@
 """pmsg.sample(chain_method="processes"): each vmapped group of chains in a worker process
 pinned to one CPU. The same draws, tuned settings, warnings, errors and divergences as
-``chain_method="vectorized"`` (the same code runs in the workers); the workers stay with the
-step and end with it; Ctrl-C and a plain script (no ``__main__`` guard) behave as in one
-process."""
+``chain_method="vectorized"`` (the same code runs in the workers); the workers stay for later
+calls, drop a collected step and end with ``close_workers``; Ctrl-C and a plain script (no
+``__main__`` guard) behave as in one process. Each test here starts or reuses worker
+processes (seconds each): three tests, ~65 s of test time."""
 
 from __future__ import annotations
 
@@ -40,15 +41,6 @@ def _hierarchy() -> pm.Model:
     return hier
 
 
-CASES = {
-    "SGLD": (regression_model, lambda: pmsg.SGLD(batch_size=B)),
-    "IASG, local variables": (
-        _hierarchy,
-        lambda: pmsg.IASG(local_vars=["u"], local_family="markov", batch_size=100),
-    ),
-}
-
-
 def _assert_same(a, b):
     assert a.groups() == b.groups()
     for group in ("posterior", "sample_stats"):
@@ -57,44 +49,39 @@ def _assert_same(a, b):
     assert a.posterior.attrs["sgmcmc_settings"] == b.posterior.attrs["sgmcmc_settings"]
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_processes_draw_what_the_vectorized_method_draws(case):
-    """Bit for bit, also in a second call on the same step (the workers are sent the step's
-    state, tuned by the first call's last chain), and the step is left holding the same."""
-    build, make = CASES[case]
+def test_processes_draw_what_the_vectorized_method_draws_and_keep_their_workers():
+    """Bit for bit (IASG with markov local variables: the hybrid path, a tuned
+    preconditioner), also in a second call on the same step: the workers are kept and sent
+    only the step's state, tuned by the first call's last chain; the step is left holding the
+    same. A step collected here is dropped by the workers with their next job."""
+    make = lambda: pmsg.IASG(local_vars=["u"], local_family="markov", batch_size=100)  # noqa: E731
     runs, steps = {}, {}
     for method in ("vectorized", "processes"):
-        with build():
+        with _hierarchy():
             steps[method] = step = make()
-            runs[method] = [pmsg.sample(step=step, chain_method=method, **RUN) for _ in range(2)]
+            runs[method] = []
+            for i in range(2):
+                runs[method].append(pmsg.sample(step=step, chain_method=method, **RUN))
+                if method == "processes":
+                    pool = _chain_processes._POOL
+                    if i == 0:
+                        started = [w.process for w in pool.workers]
+                    assert [w.process for w in pool.workers] == started  # not started again
     for a, b in zip(runs["vectorized"], runs["processes"], strict=True):
         _assert_same(a, b)
     (settings,) = json.loads(runs["processes"][0].posterior.attrs["sgmcmc_settings"])
     assert len(settings["chains"]) == 3
-    ours, theirs = steps["processes"], steps["vectorized"]
+    ours, theirs = steps.pop("processes"), steps.pop("vectorized")
     assert ours.chain_settings == theirs.chain_settings
     for name in ("preconditioner", "noise_factor"):
         np.testing.assert_array_equal(getattr(ours.tuned, name), getattr(theirs.tuned, name))
     assert ours._compiled is None  # compiled in the workers only
 
-
-def test_workers_stay_for_later_calls_and_drop_a_collected_step():
-    with regression_model():
-        step = pmsg.SGLD(batch_size=B)
-        pmsg.sample(step=step, chain_method="processes", **RUN)
-        pool = _chain_processes._POOL
-        first = [w.process for w in pool.workers]
-        assert len(first) == 2 and all(p.poll() is None for p in first)
-        token = _chain_processes._TOKENS[step]
-        assert all(token in w.steps for w in pool.workers)
-        del step
-        gc.collect()  # collected here: the workers are told to drop it with the next job
-        assert token in _chain_processes._FORGOTTEN
-        pmsg.sample(step=pmsg.SGLD(batch_size=B), chain_method="processes", **RUN)
-        assert [w.process for w in pool.workers] == first  # kept, not started again
-        assert not any(token in w.steps for w in pool.workers)
-    pmsg.close_workers()
-    assert _chain_processes._POOL is None and all(p.poll() is not None for p in first)
+    token = _chain_processes._TOKENS[ours]
+    assert len(started) == 2 and all(token in w.steps for w in pool.workers)
+    del ours, step
+    gc.collect()
+    assert token in _chain_processes._FORGOTTEN  # sent to the workers with the next job
 
 
 def test_a_workers_warnings_errors_and_divergences_reach_the_caller():
@@ -108,6 +95,12 @@ def test_a_workers_warnings_errors_and_divergences_reach_the_caller():
         pm.Normal("y", pm.Data("X", X) @ b, 1.0, observed=X.sum(1) + rng.normal(size=5000))
         step = pmsg.IASG(batch_size=50, preconditioner="diagonal")
         with pytest.warns(UserWarning, match="relaxes in about"):
+            pmsg.sample(step=step, chain_method="processes", **{**RUN, "chains": 2})
+        # A filter that turns it into an error, by module: raised as in one process. (A new
+        # step: IASG warns once per step.)
+        step = pmsg.IASG(batch_size=50, preconditioner="diagonal")
+        with warnings.catch_warnings(), pytest.raises(UserWarning, match="relaxes in about"):
+            warnings.filterwarnings("error", message=".*relaxes", module="pymc_sgmcmc")
             pmsg.sample(step=step, chain_method="processes", **{**RUN, "chains": 2})
 
     # An error of a chain's host part: the lowest chain's, as in one process.
@@ -132,6 +125,31 @@ def test_a_workers_warnings_errors_and_divergences_reach_the_caller():
     np.testing.assert_array_equal(
         errors[1].idata.posterior["beta"].values, errors[0].idata.posterior["beta"].values
     )
+
+
+def test_a_keyboardinterrupt_from_a_callback_keeps_every_chain_whole():
+    # As Ctrl-C: nothing is booked after it, so each chain holds a prefix of its draws (the
+    # vectorized run's, draw for draw), never a chain with draws missing in the middle.
+    def callback(trace, draw):
+        if draw.chain == 0 and draw.draw_idx == 40:
+            raise KeyboardInterrupt
+
+    runs = {}
+    for method in ("vectorized", "processes"):
+        with regression_model():
+            step = pmsg.SGLD(batch_size=B)
+            kwargs = {**RUN, "draws": 400, "chunks": 200, "discard_tuned_samples": False}
+            runs[method] = pmsg.sample(step=step, chain_method=method, callback=None, **kwargs)
+            if method == "processes":
+                cut = pmsg.sample(step=step, chain_method=method, callback=callback, **kwargs)
+    full = runs["vectorized"]
+    assert 0 < cut.posterior.sizes["draw"] < 400
+    _assert_same(full, runs["processes"])
+    n = cut.posterior.sizes["draw"]
+    whole = np.concatenate([full.warmup_posterior["beta"], full.posterior["beta"]], axis=1)
+    for chain in np.concatenate([cut.warmup_posterior["beta"], cut.posterior["beta"]], axis=1):
+        # PyMC keeps the chains (and length) that give the most draws: compared by value
+        assert any(np.array_equal(chain, c[: 10 + n]) for c in whole)
 
 
 def test_chain_method_is_checked_before_anything_runs():
@@ -164,6 +182,10 @@ _SCRIPT = textwrap.dedent(
     values = idata.posterior["b"].values
     assert np.all(np.isfinite(values))
     print("DRAWS", values.shape[1], flush=True)
+    workers = [w.process for w in pmsg._chain_processes._POOL.workers]
+    pmsg.close_workers()
+    assert len(workers) == 2 and all(p.poll() is not None for p in workers)
+    print("CLOSED", flush=True)
     """
 )
 
@@ -198,3 +220,4 @@ def test_a_plain_script_runs_and_ctrl_c_returns_the_draws_so_far(tmp_path):
     assert lines.count("SCRIPT STARTS") == 1
     draws = int(lines[lines.index("DRAWS") + 1])
     assert 10 < draws < 10**6
+    assert "CLOSED" in lines  # pmsg.close_workers() ended them
