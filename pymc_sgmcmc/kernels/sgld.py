@@ -36,7 +36,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from pymc_sgmcmc.kernels import langevin
+import pymc_sgmcmc.kernels.langevin as langevin
 from pymc_sgmcmc.kernels.preconditioning import (
     apply_preconditioner,
     preconditioned_noise,

@@ -30,7 +30,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from pymc_sgmcmc.kernels import langevin
+import pymc_sgmcmc.kernels.langevin as langevin
 from pymc_sgmcmc.kernels.preconditioning import standard_normal
 
 __all__ = ["SVRGInfo", "SVRGState", "estimate", "estimator", "init", "step"]
