@@ -133,7 +133,10 @@ def sample(
         interpreter each: seconds) and stay for later calls, holding each step's compiled
         functions and data until the step is garbage collected;
         :func:`pymc_sgmcmc.close_workers` ends them, as does the interpreter's exit. The same
-        seed and ``cores`` give the same draws with either method.
+        seed and ``cores`` give the same draws with either method, up to rounding: a worker
+        runs XLA on one thread, which may sum a large array in another order than a process
+        on several CPUs (measured: bit for bit at N = 2 000; 1e-11 relative at N = 10⁶, B =
+        1 000). On that large model the two methods took the same time (IASG, 4 chains).
 
     Returns
     -------
