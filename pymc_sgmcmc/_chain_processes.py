@@ -31,6 +31,7 @@ stop and return their draws so far, as ``pm.sample`` does.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import logging
 import os
@@ -44,7 +45,7 @@ import time
 import types
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,7 @@ __all__ = ["close_workers", "run_in_processes"]
 _log = logging.getLogger("pymc")
 
 _ONE_CALL = threading.Lock()
+_IN_CALL = threading.local()  # this thread is inside run_in_processes (e.g. in a callback)
 # JAX settings that change the draws, made in code (the workers start with JAX's defaults and
 # the environment's JAX_* variables); jax_enable_x64 is the step's own, per call.
 _JAX_SETTINGS = (
@@ -223,6 +225,15 @@ def close_workers(kill: bool = False) -> None:
 atexit.register(close_workers)
 
 
+@contextlib.contextmanager
+def _in_call() -> Iterator[None]:
+    _IN_CALL.active = True
+    try:
+        yield
+    finally:
+        _IN_CALL.active = False
+
+
 def run_in_processes(
     step: SGMCMCStep,
     *,
@@ -238,13 +249,20 @@ def run_in_processes(
     process ``g``; the same returns, the chains' steps as their states (for
     :func:`~pymc_sgmcmc._chain_run._adopt_last_chain`: every chain's settings records, the
     last chain's whole state)."""
-    with _ONE_CALL:  # the workers serve one call at a time (their frames share one inbox)
+    if getattr(_IN_CALL, "active", False):
+        raise RuntimeError(
+            'pmsg.sample(chain_method="processes") was called from inside another such call '
+            '(e.g. from its callback); use chain_method="vectorized" for the inner one.'
+        )
+    with _ONE_CALL, _in_call():  # one call at a time: the workers' frames share one inbox
         global _POOL
         if _POOL is None:
             _POOL = _Pool()
         pool, token = _POOL, _token(step)
         workers = pool.ensure(len(groups))
-        forgotten, _FORGOTTEN[:] = set(_FORGOTTEN), []
+        forgotten = set()
+        while _FORGOTTEN:  # pop: a finalizer may append meanwhile
+            forgotten.add(_FORGOTTEN.pop())
         for worker in pool.workers:
             worker.forget |= forgotten & worker.steps
         try:
@@ -344,17 +362,25 @@ def _collect(
                 stopped[h] = now
                 workers[h].interrupt()
 
+    def stop_those_past(again_after: float | None = None) -> None:
+        """Stop the groups past the first failing draw, or past the last draw booked at a
+        Ctrl-C: the others run on to it (so that the chains end near the same draw)."""
+        end = min(failed_at, float("inf") if limit is None else limit)
+        stop({h for h in pending if booked[h] >= end}, again_after)
+
     def fail(g: int, draw: int, error: BaseException) -> None:
         nonlocal failed_at
         errors[g] = (draw, error)
         pending.discard(g)
         failed_at = min(failed_at, draw)
-        stop({h for h in pending if booked[h] >= failed_at})
+        stop_those_past()
 
     with ctrl_c:
         while pending:
             if ctrl_c.pressed:
-                stop(pending, again_after=1.0)
+                if limit is None:
+                    limit = max(booked)
+                stop_those_past(again_after=1.0)
             try:
                 sender, message = pool.inbox.get(timeout=0.2)
             except queue.Empty:
@@ -380,12 +406,14 @@ def _collect(
                     try:
                         book(groups[g][c], i, point, stats)
                     except KeyboardInterrupt:  # from a callback: as a Ctrl-C, after this draw
+                        if ctrl_c.forced:  # the second Ctrl-C, raised inside the callback
+                            raise
                         ctrl_c.press()
-                        limit = i
+                        limit = i if limit is None else min(limit, i)
                         cut.add(g)  # none of the group's later draws: no chain with a gap
                         break
                     booked[g] = max(booked[g], i)
-                stop({h for h in pending if booked[h] >= failed_at})
+                stop_those_past()
             elif kind == "warning":
                 text, category, filename, lineno = message[1:]
                 warnings.warn_explicit(text, category, filename, lineno)
@@ -403,11 +431,13 @@ def _collect(
 
 
 class _CtrlC:
-    """While entered in the main thread, Ctrl-C sets ``pressed`` instead of raising; a second
-    one raises KeyboardInterrupt. Elsewhere (another thread) only :meth:`press` sets it."""
+    """While entered in the main thread with Python's own Ctrl-C handler in place, Ctrl-C sets
+    ``pressed`` instead of raising; a second one raises KeyboardInterrupt (``forced``). A
+    SIGINT handler of the caller's (or SIGINT ignored) is left alone; in another thread only
+    :meth:`press` sets it."""
 
     def __init__(self) -> None:
-        self.pressed = False
+        self.pressed = self.forced = False
         self.previous: Any = None
 
     def press(self) -> None:
@@ -415,11 +445,15 @@ class _CtrlC:
 
     def _handler(self, signum: int, frame: Any) -> None:
         if self.pressed:
+            self.forced = True
             raise KeyboardInterrupt
         self.pressed = True
 
     def __enter__(self) -> _CtrlC:
-        if threading.current_thread() is threading.main_thread():
+        if (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        ):
             self.previous = signal.signal(signal.SIGINT, self._handler)
         return self
 

@@ -134,6 +134,10 @@ def test_a_keyboardinterrupt_from_a_callback_keeps_every_chain_whole():
         if draw.chain == 0 and draw.draw_idx == 40:
             raise KeyboardInterrupt
 
+    def nested(trace, draw):
+        if draw.draw_idx == 5:
+            pmsg.sample(step=pmsg.SGLD(batch_size=B), chain_method="processes", **RUN)
+
     runs = {}
     for method in ("vectorized", "processes"):
         with regression_model():
@@ -142,6 +146,10 @@ def test_a_keyboardinterrupt_from_a_callback_keeps_every_chain_whole():
             runs[method] = pmsg.sample(step=step, chain_method=method, callback=None, **kwargs)
             if method == "processes":
                 cut = pmsg.sample(step=step, chain_method=method, callback=callback, **kwargs)
+                # A callback that starts another such call is refused (it would wait forever
+                # for the workers it runs on).
+                with pytest.raises(RuntimeError, match="inside another such call"):
+                    pmsg.sample(step=step, chain_method=method, callback=nested, **kwargs)
     full = runs["vectorized"]
     assert 0 < cut.posterior.sizes["draw"] < 400
     _assert_same(full, runs["processes"])
