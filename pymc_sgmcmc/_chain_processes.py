@@ -22,7 +22,7 @@ cloudpickled); later calls send only its state — the tuned values, records and
 pickled with the model's objects, the step and its problem as references to the worker's own
 (as :func:`~pymc_sgmcmc._chain_run._chain_copy` shares them between chains). Each worker runs :func:`~pymc_sgmcmc._chain_run.tune_and_sample` for its
 group — the same code as in this process, so the same seed and ``cores`` give the same draws
-(up to rounding: XLA on one thread may sum a large array in another order) —
+(on small models; on large ones XLA on one thread may round differently) —
 and sends each draw back in batches, with its warnings and log records; the parent books
 them (traces, progress bar, callback) as they come. Ctrl-C is forwarded to the workers, which
 stop and return their draws so far, as ``pm.sample`` does.

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from pymc_sgmcmc._chain_engine import _Engine, _Lockstep
+from pymc_sgmcmc._runtime import host_blas_threads
 from pymc_sgmcmc.errors import DivergenceError
 from pymc_sgmcmc.step_methods import DrawRequest, SGMCMCStep
 
@@ -39,6 +40,20 @@ def tune_and_sample(
     and each chain's step. ``points`` ends holding each chain's last point. Ctrl-C ends the
     run early, as in ``pm.sample``: the draws booked so far stand."""
 
+    with host_blas_threads():  # the tuning's host linear algebra (see host_blas_threads)
+        return _tune_and_sample(step, points, rngs, draws, tune, groups, chunks, book)
+
+
+def _tune_and_sample(
+    step: SGMCMCStep,
+    points: list[dict],
+    rngs: list,
+    draws: int,
+    tune: int,
+    groups: list[list[int]],
+    chunks: int,
+    book: Callable[[int, int, dict, list[dict]], None],
+) -> tuple[dict[int, DivergenceError], list[SGMCMCStep]]:
     compiled = step._compile()
     # Draws run in the compiled loop after tuning (the first draw of a chain also tunes).
     looped = draws - (1 if tune == 0 else 0)
