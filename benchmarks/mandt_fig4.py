@@ -120,7 +120,7 @@ REPO = Path(__file__).resolve().parents[1]
 from _report import append_section, git_state  # noqa: E402  (benchmarks/ is on sys.path)
 
 HEADING = "## Mandt et al. Fig. 4: IASG vs SGLD vs NUTS (issue 3)"
-NOISE_ROWS = 1024  # rows per gradient-noise estimate (pymc_sgmcmc.step_methods._compile)
+NOISE_ROWS = 1024  # rows per gradient-noise estimate (pymc_sgmcmc.adapter.step._compile)
 
 METHOD_COLORS = {
     "IASG": "tab:blue",

@@ -296,7 +296,7 @@ def fit_nuts(data: dict, name: str, args: argparse.Namespace) -> tuple[az.Infere
 def compare(idata: az.InferenceData, reference: az.InferenceData, var_names) -> pd.DataFrame:
     """Per scalar variable: both means and sds, (mean − ref mean)/ref sd, sd ratio, ESS.
 
-    :func:`pymc_sgmcmc.compare` gives the numbers; the reference's own ESS and the Monte
+    :func:`pymc_sgmcmc.adapter.compare` gives the numbers; the reference's own ESS and the Monte
     Carlo standard error of the mean difference (from both ESSs) are added beside them.
     """
     table = pmsg.compare(idata, reference, var_names)

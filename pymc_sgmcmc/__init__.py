@@ -11,30 +11,30 @@ Inside a model block::
 
 from __future__ import annotations
 
-import pymc as pm
+from importlib.metadata import version as _version
 
 from pymc_sgmcmc import distributed, schedules
 from pymc_sgmcmc._chain_processes import close_workers
-from pymc_sgmcmc._hooks import install as _install_hooks
-from pymc_sgmcmc._precision import float64_scope
-from pymc_sgmcmc.bridge import MinibatchProblem, build_problem
-from pymc_sgmcmc.compare import compare, plot_compare
+from pymc_sgmcmc.adapter.bridge import MinibatchProblem, build_problem
+from pymc_sgmcmc.adapter.compare import compare, plot_compare
+from pymc_sgmcmc.adapter.hooks import install as _install_hooks
+from pymc_sgmcmc.adapter.loo import ElpdDifference, LooSubsample, loo_subsample
+from pymc_sgmcmc.adapter.model_checking import log_likelihood
+from pymc_sgmcmc.adapter.precision import float64_scope
+from pymc_sgmcmc.adapter.recording import DrawWriter, read_draws
+from pymc_sgmcmc.adapter.sampling import sample
+from pymc_sgmcmc.adapter.step import SGMCMCStep
 from pymc_sgmcmc.constant_sgd import ConstantSGD
 from pymc_sgmcmc.distributed import RowShard
 from pymc_sgmcmc.errors import DataShapeError, DivergenceError, ModelNotSupportedError
 from pymc_sgmcmc.iasg import IASG
-from pymc_sgmcmc.loo import ElpdDifference, LooSubsample, loo_subsample
-from pymc_sgmcmc.model_checking import log_likelihood
-from pymc_sgmcmc.recording import DrawWriter, read_draws
 from pymc_sgmcmc.registry import SAMPLERS
-from pymc_sgmcmc.sampling import sample
 from pymc_sgmcmc.sgfs import SGFS
 from pymc_sgmcmc.sghmc import SGHMC
 from pymc_sgmcmc.sgld import SGLD
-from pymc_sgmcmc.step_methods import SGMCMCStep
 from pymc_sgmcmc.variance_reduced import SAGALD, SVRGLD
 
-__version__ = "0.1.0"
+__version__ = _version("pymc-sgmcmc")
 
 __all__ = [
     "IASG",
@@ -66,9 +66,4 @@ __all__ = [
     "schedules",
 ]
 
-# Listed with PyMC's step methods (so step_kwargs by name and tooling see them); their
-# competence is INCOMPATIBLE, so pm.sample never assigns them unless the user names them.
-for _spec in SAMPLERS:
-    if _spec.cls not in pm.STEP_METHODS:
-        pm.STEP_METHODS.append(_spec.cls)
-_install_hooks()
+_install_hooks([spec.cls for spec in SAMPLERS])

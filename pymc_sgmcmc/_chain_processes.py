@@ -51,12 +51,11 @@ from typing import Any
 
 import cloudpickle
 import jax
-import pytensor
 
 from pymc_sgmcmc._chain_engine import _usable_cpus
 from pymc_sgmcmc._chain_worker import dump_state, load_state, read_frame, write_frame
+from pymc_sgmcmc.adapter.step import SGMCMCStep
 from pymc_sgmcmc.errors import DivergenceError
-from pymc_sgmcmc.step_methods import SGMCMCStep
 
 __all__ = ["close_workers", "run_in_processes"]
 
@@ -92,7 +91,7 @@ class _Worker:
     """One worker process pinned to ``cpu`` (-1: not pinned), and a thread reading its frames
     into the pool's queue as ``(worker, message)``; ``(worker, None)`` when it ends."""
 
-    def __init__(self, cpu: int, inbox: queue.Queue) -> None:
+    def __init__(self, cpu: int, inbox: queue.Queue, dtype: str) -> None:
         # This process's import path, this package first ('' is the current directory);
         # -P: the worker's own current directory is not put in front of it.
         package_root = str(Path(__file__).resolve().parent.parent)
@@ -101,9 +100,7 @@ class _Worker:
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         env["JAX_PLATFORMS"] = "cpu"  # chain_method="processes" is refused on other backends
         flags = env.get("PYTENSOR_FLAGS", "")
-        env["PYTENSOR_FLAGS"] = ",".join(
-            f for f in (flags, f"floatX={pytensor.config.floatX}") if f
-        )
+        env["PYTENSOR_FLAGS"] = ",".join(f for f in (flags, f"floatX={dtype}") if f)
         self.cpu = cpu
         self.steps: set[int] = set()  # the tokens of the steps it holds
         self.forget: set[int] = set()  # of those, the collected steps: dropped with the next job
@@ -169,7 +166,8 @@ class _Pool:
     (round robin). One pool serves every step: a worker holds each step it was sent (by
     token) until the step is collected here."""
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: str) -> None:
+        self.dtype = dtype  # PyTensor's floatX in the workers: the first step's model's
         self.inbox: queue.Queue = queue.Queue()
         self.workers: list[_Worker] = []
         try:
@@ -184,7 +182,7 @@ class _Pool:
                 self.workers.append(None)
             worker = self.workers[g]
             if worker is None or worker.process.poll() is not None:
-                self.workers[g] = _Worker(self.cpus[g % len(self.cpus)], self.inbox)
+                self.workers[g] = _Worker(self.cpus[g % len(self.cpus)], self.inbox, self.dtype)
         return self.workers[:n]
 
     def close(self, wait: float = _CLOSE_SECONDS, kill: bool = False) -> None:
@@ -257,7 +255,7 @@ def run_in_processes(
     with _ONE_CALL, _in_call():  # one call at a time: the workers' frames share one inbox
         global _POOL
         if _POOL is None:
-            _POOL = _Pool()
+            _POOL = _Pool(step.problem.dtype)
         pool, token = _POOL, _token(step)
         workers = pool.ensure(len(groups))
         forgotten = set()

@@ -17,8 +17,8 @@ import numpy as np
 
 from pymc_sgmcmc._chain_engine import _Engine, _Lockstep
 from pymc_sgmcmc._runtime import host_blas_threads
+from pymc_sgmcmc.adapter.step import DrawRequest, SGMCMCStep
 from pymc_sgmcmc.errors import DivergenceError
-from pymc_sgmcmc.step_methods import DrawRequest, SGMCMCStep
 
 __all__ = ["tune_and_sample"]
 

@@ -26,7 +26,7 @@ import jax
 
 from pymc_sgmcmc._chain_run import tune_and_sample
 from pymc_sgmcmc._precision import float64_scope
-from pymc_sgmcmc.step_methods import SGMCMCStep
+from pymc_sgmcmc.adapter.step import SGMCMCStep
 
 __all__ = ["dump_state", "load_state", "read_frame", "serve", "write_frame"]
 

@@ -2,7 +2,7 @@
 checked, their names, the parameters the compiled draw computes the check's terms with, and
 the predicted covariance it is compared with.
 
-A mixin of :class:`pymc_sgmcmc.step_methods.SGMCMCStep` (it reads the step's problem, tuned
+A mixin of :class:`pymc_sgmcmc.adapter.step.SGMCMCStep` (it reads the step's problem, tuned
 preconditioner and local variables), kept apart so that the step's module holds the draw loop.
 """
 

@@ -2,7 +2,7 @@
 chain, and the blocks of rows the tuning reads (in memory, or read from disk for out-of-core
 ``data=``).
 
-A mixin of :class:`pymc_sgmcmc.step_methods.SGMCMCStep` (it reads the step's problem and
+A mixin of :class:`pymc_sgmcmc.adapter.step.SGMCMCStep` (it reads the step's problem and
 compiled functions), kept apart so that the step's module holds the draw loop.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from pymc_sgmcmc._runtime import current_chain
-from pymc_sgmcmc.bridge import check_finite_rows
+from pymc_sgmcmc.adapter.bridge import check_finite_rows
 from pymc_sgmcmc.distributed import RowShard, gather_layout, process_count
 from pymc_sgmcmc.errors import ModelNotSupportedError, non_finite_rows
 from pymc_sgmcmc.out_of_core import with_data

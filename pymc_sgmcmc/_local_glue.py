@@ -1,7 +1,7 @@
 """The step methods' glue to local variables (``local_vars``, :mod:`pymc_sgmcmc.variational`):
 the iteration and initial state with q, the full-data log-likelihood in the locals, and the
 full-data fits of a q that is frozen for the draws. A mixin of
-:class:`~pymc_sgmcmc.step_methods.SGMCMCStep` (it reads the step's ``hybrid``, ``problem``,
+:class:`~pymc_sgmcmc.adapter.step.SGMCMCStep` (it reads the step's ``hybrid``, ``problem``,
 ``tuner``, ``batch_size`` and compiled functions)."""
 
 from __future__ import annotations

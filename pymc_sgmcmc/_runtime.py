@@ -1,5 +1,5 @@
 """What a running step needs to know from around it: which chain ``pm.sample`` is sampling
-(set by the wrappers in :mod:`pymc_sgmcmc._hooks`), and one BLAS thread while our chains run.
+(set by the wrappers in :mod:`pymc_sgmcmc.adapter.hooks`), and one BLAS thread while our chains run.
 
 A module of its own so that the steps read it without importing the PyMC wrappers (which
 import the steps).
@@ -20,7 +20,7 @@ _CHAIN: int | None = None  # the chain this process is sampling (see current_cha
 def current_chain() -> int | None:
     """The index of the chain ``pm.sample`` is sampling in this process, when known: set for
     sequential chains by the ``_sample`` wrapper and in worker processes by
-    ``pymc_sgmcmc._hooks._run_process_with_chain`` (steps with ``devices="chains"`` place
+    ``pymc_sgmcmc.adapter.hooks._run_process_with_chain`` (steps with ``devices="chains"`` place
     chain ``c`` on device ``c mod k``)."""
     return _CHAIN
 

@@ -3,7 +3,7 @@
 (:mod:`pymc_sgmcmc.tuning.tuner`), apply what it returns; the search for the mode before it;
 and the exact MALA kernel's parts used on a full batch.
 
-Mixins of :class:`pymc_sgmcmc.step_methods.SGMCMCStep` (they read the step's problem, compiled
+Mixins of :class:`pymc_sgmcmc.adapter.step.SGMCMCStep` (they read the step's problem, compiled
 functions and chain state), kept apart so that the step's module holds the draw loop.
 """
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
+from pymc_sgmcmc.adapter.step import LANGEVIN_NOISE_SHARE
 from pymc_sgmcmc.preconditioned_sgd import _PreconditionedSGD
 from pymc_sgmcmc.schedules import Schedule, as_schedule, polynomial_decay
-from pymc_sgmcmc.step_methods import LANGEVIN_NOISE_SHARE
 from pymc_sgmcmc.tuning.rates import Rates, langevin_rule
 
 __all__ = ["ConstantSGD"]

@@ -52,10 +52,9 @@ import logging
 import math
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import arviz as az
 import numpy as np
 from scipy.linalg import solve_discrete_lyapunov
 from scipy.stats import norm
@@ -159,11 +158,14 @@ def predicted_sd_ratio(
     return np.sqrt(np.maximum(np.diag(sigma_theta), 0.0) / np.maximum(np.diag(target), 1e-300))
 
 
-def _ess(x: np.ndarray) -> float:
-    """Bulk ESS of a (chains, draws) array (ArviZ), at least 1."""
+ESS = Callable[[np.ndarray], float]  # (chains, draws) -> the ESS of the mean (the host's)
+
+
+def _ess(x: np.ndarray, ess: ESS) -> float:
+    """ESS of the mean of a (chains, draws) array, at least 1."""
     if x.shape[1] < 4:
         return float(x.size)
-    value = float(az.ess(np.asarray(x, dtype=np.float64), method="mean"))
+    value = float(ess(np.asarray(x, dtype=np.float64)))
     return max(value, 1.0) if math.isfinite(value) else 1.0
 
 
@@ -175,9 +177,12 @@ def check_draws(
     passes_per_draw: float,
     diagonal: bool = False,
     temperature: float = 1.0,
+    *,
+    ess: ESS,
 ) -> dict[str, Any]:
     """The Stein and movement checks on ``(chains, draws, k)`` unconstrained draws and their
-    ``A⁻¹∇log p`` terms (``cov_diag`` the ``(k,)`` diagonal of ``A⁻¹``). ``diagonal``: the
+    ``A⁻¹∇log p`` terms (``cov_diag`` the ``(k,)`` diagonal of ``A⁻¹``); ``ess`` estimates the
+    effective sample size of a mean from ``(chains, draws)`` values. ``diagonal``: the
     metric ``A⁻¹`` is that diagonal (a diagonal whitening), so the identity can also be
     checked along combinations of the coordinates (:func:`_directional_stein`)."""
     positions = np.asarray(positions, dtype=np.float64)
@@ -209,12 +214,12 @@ def check_draws(
     stein, shift, flagged = [], [], []
     for j in range(k):
         t = terms[:, :, j]
-        ess = min(_ess(t), float(t.size))
+        ess_t = min(_ess(t, ess), float(t.size))
         s = float(t.mean())
-        se = float(t.std() / math.sqrt(ess))
+        se = float(t.std() / math.sqrt(ess_t))
         stein.append((s, se))
         u = shifts[:, :, j]
-        ess_u = min(_ess(u), float(u.size))
+        ess_u = min(_ess(u, ess), float(u.size))
         m, se_m = float(u.mean()), float(u.std() / math.sqrt(ess_u))
         shift.append((m, se_m))
         if abs(s - 1.0) > STEIN_TOLERANCE + z * se or abs(m) > SHIFT_TOLERANCE + z * se_m:
@@ -242,7 +247,7 @@ def check_draws(
             flagged.extend(j for j in members if j not in flagged)
             out.setdefault("pooled_flagged", []).append(var)
     if diagonal:
-        directions = _directional_stein(positions, gradients, cov_diag, unit, names)
+        directions = _directional_stein(positions, gradients, cov_diag, unit, names, ess)
         if directions:
             out["directional_stein"] = directions
             failed = [d for d in directions if d["flagged"]]
@@ -269,6 +274,7 @@ def _directional_stein(
     cov_diag: np.ndarray,
     unit: np.ndarray,
     names: Sequence[str],
+    ess: ESS,
 ) -> list[dict[str, Any]]:
     """Stein's identity along combinations of the coordinates, under a diagonal metric.
 
@@ -302,8 +308,8 @@ def _directional_stein(
     for i in picks:
         w = vectors[:, i]
         t = -(y2 @ w) * (r2 @ w)  # (chains, draws − half)
-        ess = min(_ess(t), float(t.size))
-        ratio, se = float(t.mean()), float(t.std() / math.sqrt(ess))
+        ess_t = min(_ess(t, ess), float(t.size))
+        ratio, se = float(t.mean()), float(t.std() / math.sqrt(ess_t))
         loadings = np.argsort(-np.abs(w))[:4]
         out.append(
             {
@@ -341,23 +347,15 @@ def _split_check_stat(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | Non
     return stacked[..., :k], stacked[..., k:]
 
 
-def run_checks(idata: Any, entries: list[dict], warn: bool = True) -> dict[str, Any] | None:
-    """Run the checks on a finished run: read (and drop) the ``sgmcmc_check`` stat, add
-    ``sgmcmc_diagnostics`` to the attrs, warn about what failed. ``entries`` are the SG steps'
+def run_checks(
+    check: np.ndarray | None, entries: list[dict], *, ess: ESS, warn: bool = True
+) -> dict[str, Any]:
+    """Run the checks on a finished run and warn about what failed; returns the report (the
+    ``sgmcmc_diagnostics`` attrs entry, JSON-encoded by the caller). ``check``: the sampling
+    draws' ``sgmcmc_check`` stat, ``(chains, draws)`` of per-draw arrays or a numeric
+    ``(chains, draws, 2k)`` array (None when not recorded); ``entries`` are the SG steps'
     settings as they go into the attrs (one per step, each chain's tuned values under
-    ``"chains"``)."""
-    check = None
-    for group in ("warmup_sample_stats", "sample_stats"):
-        if group in idata.groups() and "sgmcmc_check" in idata[group]:
-            stat = idata[group]["sgmcmc_check"]
-            if group == "sample_stats":
-                values = np.asarray(stat.values)
-                if values.size and values.ndim >= 2:
-                    check = values if values.ndim == 3 else values.reshape(values.shape[0], -1)
-            extra = [d for d in stat.dims if d not in ("chain", "draw")]
-            dataset = idata[group].drop_vars("sgmcmc_check")
-            dataset = dataset.drop_dims([d for d in extra if d in dataset.dims])
-            setattr(idata, group, dataset)
+    ``"chains"``); ``ess`` as for :func:`check_draws`."""
     report: dict[str, Any] = {}
     messages: list[str] = []
     entry = entries[0] if len(entries) == 1 else None
@@ -409,6 +407,7 @@ def run_checks(idata: Any, entries: list[dict], warn: bool = True) -> dict[str, 
                 passes,
                 diagonal=info.get("metric") == "diagonal",
                 temperature=float(entry.get("temperature", 1.0) or 1.0),
+                ess=ess,
             )
             report.update(stats)
             for d in stats.get("directional_flagged", []):
@@ -436,7 +435,6 @@ def run_checks(idata: Any, entries: list[dict], warn: bool = True) -> dict[str, 
                     "step_size='auto', more draws, or a larger batch_size"
                 )
     report["ok"] = not messages
-    text = json.dumps(report, default=float)
     log = os.environ.get("PMSG_CHECK_LOG")
     if log:
         # One line per run, for measuring the false-alarm rate over a test session or a
@@ -449,9 +447,6 @@ def run_checks(idata: Any, entries: list[dict], warn: bool = True) -> dict[str, 
         }
         with open(log, "a") as f:
             f.write(json.dumps(record) + "\n")
-    for name in ("posterior", "sample_stats"):
-        if name in idata.groups():
-            idata[name].attrs["sgmcmc_diagnostics"] = text
     if messages and warn:
         sampler = (entry or {}).get("sampler", "The SG sampler")
         warnings.warn(

@@ -5,7 +5,7 @@ devices.
 
 A step describes its draw as a :class:`DrawPlan` (its inner iteration, hooks and sizes);
 :func:`draw_functions` turns the plan into the functions
-:meth:`pymc_sgmcmc.step_methods.SGMCMCStep._compile` jits. Nothing here reads a step: what a
+:meth:`pymc_sgmcmc.adapter.step.SGMCMCStep._compile` jits. Nothing here reads a step: what a
 draw needs is in the plan.
 """
 

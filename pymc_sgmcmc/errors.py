@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from pymc.exceptions import SamplingError
 
 __all__ = ["DataShapeError", "DivergenceError", "ModelNotSupportedError"]
 
@@ -42,7 +41,7 @@ def non_finite_rows(
     )
 
 
-class DivergenceError(SamplingError):
+class DivergenceError(RuntimeError):
     """A chain produced a non-finite position, loss or gradient.
 
     Raised by ``pm.sample`` when a chain diverged after tuning: the chain was stopped there and

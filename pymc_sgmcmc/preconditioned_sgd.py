@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from pymc_sgmcmc.adapter.step import SGMCMCStep, _preconditioner_summary
 from pymc_sgmcmc.kernels import sgd
 from pymc_sgmcmc.schedules import Schedule
-from pymc_sgmcmc.step_methods import SGMCMCStep, _preconditioner_summary
 from pymc_sgmcmc.tuning import NoiseEstimate
 from pymc_sgmcmc.tuning.whitening import DENSE_MAX_DIM
 

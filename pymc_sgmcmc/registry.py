@@ -15,12 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from pymc_sgmcmc.adapter.step import SGMCMCStep
 from pymc_sgmcmc.constant_sgd import ConstantSGD
 from pymc_sgmcmc.iasg import IASG
 from pymc_sgmcmc.sgfs import SGFS
 from pymc_sgmcmc.sghmc import SGHMC
 from pymc_sgmcmc.sgld import SGLD
-from pymc_sgmcmc.step_methods import SGMCMCStep
 from pymc_sgmcmc.variance_reduced import SAGALD, SVRGLD
 
 __all__ = ["SAMPLERS", "TOLERANCES", "SamplerSpec", "spec"]

@@ -46,9 +46,9 @@ from typing import Any
 
 import numpy as np
 
+from pymc_sgmcmc.adapter.step import LANGEVIN_NOISE_SHARE
 from pymc_sgmcmc.constant_sgd import CONSTANT_SGD_STEP_CAP
 from pymc_sgmcmc.preconditioned_sgd import _PreconditionedSGD
-from pymc_sgmcmc.step_methods import LANGEVIN_NOISE_SHARE
 from pymc_sgmcmc.tuning.rates import Rates, _rates, _spectrum, langevin_rule
 
 __all__ = ["FRICTION_GRID", "SGHMC", "autocorrelation_time", "sghmc_rule"]

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
+from pymc_sgmcmc.adapter.step import LANGEVIN_STEP_CAP, SGMCMCStep, _preconditioner_summary
 from pymc_sgmcmc.kernels import sgld
 from pymc_sgmcmc.schedules import Schedule, as_schedule
-from pymc_sgmcmc.step_methods import LANGEVIN_STEP_CAP, SGMCMCStep, _preconditioner_summary
 from pymc_sgmcmc.tuning import NoiseEstimate, sgld_step_size
 from pymc_sgmcmc.tuning.rates import Rates, langevin_rule
 from pymc_sgmcmc.tuning.whitening import DENSE_MAX_DIM

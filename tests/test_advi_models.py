@@ -19,7 +19,7 @@ import pymc as pm
 import pytest
 
 import pymc_sgmcmc as pmsg
-from pymc_sgmcmc.step_methods import default_batch_size
+from pymc_sgmcmc.adapter.step import default_batch_size
 
 N = 2000
 COEFS = np.array([1.0, -2.0, 0.5])

@@ -20,6 +20,7 @@ import warnings
 import numpy as np
 import pymc as pm
 import pytest
+from stack import groups
 from test_faults import B, FaultySGLD, N, regression_model
 from test_sampling import _RaisesAtTuningDraw
 
@@ -42,7 +43,7 @@ def _hierarchy() -> pm.Model:
 
 
 def _assert_same(a, b):
-    assert a.groups() == b.groups()
+    assert groups(a) == groups(b)
     for group in ("posterior", "sample_stats"):
         for name, var in a[group].data_vars.items():
             np.testing.assert_array_equal(var.values, b[group][name].values, err_msg=name)

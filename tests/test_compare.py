@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import arviz as az
 import matplotlib
 import numpy as np
 import pandas as pd
 import pytest
 import scipy.stats
+from stack import dataset, drop_groups, from_dict
 
 import pymc_sgmcmc as pmsg
-from pymc_sgmcmc.compare import data_passes, energy_distance, gaussian_kl
+from pymc_sgmcmc.adapter.compare import data_passes, energy_distance, gaussian_kl
 
 matplotlib.use("Agg")
 
@@ -19,14 +22,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 FEATURES = ["x0", "x1", "x2"]
 
 
-def _idata(draws: dict, **kwargs) -> az.InferenceData:
-    """InferenceData of (chain, draw, ...) arrays; beta has dims ("feature",)."""
-    return az.from_dict(
-        posterior=draws,
-        coords={"feature": FEATURES, **kwargs.pop("coords", {})},
-        dims={"beta": ["feature"], **kwargs.pop("dims", {})},
-        **kwargs,
-    )
+def _idata(draws: dict) -> Any:
+    """A result of (chain, draw, ...) arrays; beta has dims ("feature",)."""
+    return from_dict({"posterior": draws}, coords={"feature": FEATURES}, dims={"beta": ["feature"]})
 
 
 def _exact_moments(rng, mean, cov, n):
@@ -213,10 +211,10 @@ def test_compare_energy_distance_is_in_reference_sds(draws):
 
 
 def _with_stats(draws, passes, warmup_passes=None, sampling_time=12.5, tuning_steps=3):
-    kwargs = {"sample_stats": {"data_passes": passes}}
+    groups = {"posterior": draws, "sample_stats": {"data_passes": passes}}
     if warmup_passes is not None:
-        kwargs.update(warmup_sample_stats={"data_passes": warmup_passes}, save_warmup=True)
-    idata = _idata(draws, **kwargs)
+        groups["warmup_sample_stats"] = {"data_passes": warmup_passes}
+    idata = from_dict(groups, coords={"feature": FEATURES}, dims={"beta": ["feature"]})
     for group in (idata.posterior, idata.sample_stats):
         group.attrs["tuning_steps"] = tuning_steps
         if sampling_time is not None:
@@ -232,7 +230,7 @@ def test_ess_per_second_and_per_pass(draws):
     kept = np.stack([1.5 + 0.5 * np.arange(1, n + 1), 6.0 + 2.0 * np.arange(1, n + 1)])
     idata = _with_stats(draws, kept, warmup)
     df = pmsg.compare(idata, draws)
-    ess = az.ess(idata, method="bulk")
+    ess = az.ess(dataset(idata), method="bulk")
     np.testing.assert_array_equal(df["ess"], [*ess["beta"].values, ess["sigma"].item()])
     passes = 0.5 * n + 2.0 * n
     assert data_passes(idata) == passes
@@ -250,7 +248,11 @@ def test_ess_per_second_and_per_pass(draws):
     assert np.isnan(data_passes(_with_stats(single, kept[:, :1])))
 
     # A NUTS-like idata: no data_passes stat, no sampling_time.
-    nuts = _idata(draws, sample_stats={"diverging": np.zeros_like(draws["sigma"], bool)})
+    nuts = from_dict(
+        {"posterior": draws, "sample_stats": {"diverging": np.zeros_like(draws["sigma"], bool)}},
+        coords={"feature": FEATURES},
+        dims={"beta": ["feature"]},
+    )
     df = pmsg.compare(nuts, draws)
     assert df["ess_per_pass"].isna().all() and df["ess_per_second"].isna().all()
     assert np.isnan(df.attrs["data_passes"]) and np.isnan(df.attrs["sampling_time"])
@@ -284,7 +286,7 @@ def test_real_sgld_run_counts_its_passes():
     np.testing.assert_allclose(
         df["ess_per_second"], df["ess"] / idata.posterior.attrs["sampling_time"], rtol=1e-15
     )
-    del idata.warmup_posterior, idata.warmup_sample_stats
+    drop_groups(idata, "warmup_posterior", "warmup_sample_stats")
     assert data_passes(idata) == pytest.approx(12.0, rel=1e-14)
 
 
@@ -305,14 +307,14 @@ def test_var_names_filter_and_defaults(draws):
     with pytest.raises(ValueError, match=r"'beta': the reference array has shape \(800, 4\)"):
         pmsg.compare(idata, {"beta": np.zeros((800, 4))}, var_names="beta")
     with pytest.raises(ValueError, match="no posterior group"):
-        pmsg.compare(az.from_dict(sample_stats={"a": np.zeros((1, 2))}), reference)
+        pmsg.compare(from_dict({"sample_stats": {"a": np.zeros((1, 2))}}), reference)
 
 
 def test_labels_and_alignment_by_coordinates():
     rng = np.random.default_rng(5)
     sigma = rng.normal(size=(1, 300, 2, 2))
-    idata = az.from_dict(
-        posterior={"Sigma": sigma, "theta": rng.normal(size=(1, 300, 2))},
+    idata = from_dict(
+        {"posterior": {"Sigma": sigma, "theta": rng.normal(size=(1, 300, 2))}},
         coords={"row": ["a", "b"], "col": [10, 20]},
         dims={"Sigma": ["row", "col"]},
     )
@@ -328,13 +330,13 @@ def test_labels_and_alignment_by_coordinates():
     ]
     # A reference with the same dims in another order and with reversed coordinates is
     # aligned by coordinate value, so it is still the same posterior element by element.
-    reordered = idata.posterior.isel(row=[1, 0]).transpose("col", "row", "draw", ...)
+    reordered = dataset(idata).isel(row=[1, 0]).transpose("col", "row", "draw", ...)
     df = pmsg.compare(idata, reordered)
     np.testing.assert_array_equal(df["mean_diff_sd"], 0.0)
     np.testing.assert_array_equal(df["sd_ratio"], 1.0)
     np.testing.assert_allclose(df.loc["Sigma[b, 20]", "mean"], sigma[..., 1, 1].mean())
     with pytest.raises(ValueError, match="'Sigma': the reference's coordinates"):
-        pmsg.compare(idata, idata.posterior.assign_coords(row=["a", "c"]), var_names="Sigma")
+        pmsg.compare(idata, dataset(idata).assign_coords(row=["a", "c"]), var_names="Sigma")
 
 
 def test_plot_compare_overlays_both_sets(draws):
@@ -351,11 +353,20 @@ def test_plot_compare_overlays_both_sets(draws):
             "sigma",
         ]
         for figure in figures:
-            legends = [ax.get_legend() for ax in figure.axes if ax.get_legend() is not None]
-            texts = {text.get_text() for legend in legends for text in legend.get_texts()}
+            legends = [*figure.legends, *(ax.get_legend() for ax in figure.axes)]
+            texts = {t.get_text() for legend in legends if legend for t in legend.get_texts()}
             assert {"IASG", "exact"} <= texts
-            # Each panel has lines of both sets.
-            assert all(len(ax.get_lines()) >= 2 for ax in figure.axes)
+        # Each density panel has lines of both sets.
+        assert all(len(ax.get_lines()) >= 2 for ax in figures.density.axes)
+        # The forest names every variable and coordinate, with an interval of each set per
+        # coordinate (ArviZ 1: the labels are texts in a column of their own; ArviZ 0.x:
+        # y tick labels).
+        forest = figures.forest
+        labels = {t.get_text() for ax in forest.axes for t in ax.texts}
+        labels |= {t.get_text() for ax in forest.axes for t in ax.get_yticklabels()}
+        assert {"x0", "x1", "x2"} <= {label.split("[")[-1].rstrip("]") for label in labels}
+        assert any("sigma" in label for label in labels)
+        assert max(len(ax.get_lines()) for ax in forest.axes) >= 2 * 4
         single = pmsg.plot_compare(idata, reference, var_names="sigma").density
         assert [ax.get_title() for ax in single.axes] == ["sigma"]
     finally:

@@ -17,6 +17,7 @@ import pytest
 from conftest import make_regression
 
 import pymc_sgmcmc as pmsg
+from pymc_sgmcmc.adapter.stats import ess_mean
 from pymc_sgmcmc.diagnostics import SGMCMCCheckWarning, check_draws
 
 SAMPLE = dict(chains=2, cores=1, random_seed=5, progressbar=False, compute_convergence_checks=False)
@@ -84,14 +85,14 @@ def test_check_draws_statistics_on_known_draws():
     theta = rng.normal(size=(2, 2000, 3))
     grad = -theta  # ∇log p of N(0, I), M = I
     names = ["x[0]", "x[1]", "x[2]"]
-    ok = check_draws(theta, grad, np.ones(3), names, passes_per_draw=1.0)
+    ok = check_draws(theta, grad, np.ones(3), names, passes_per_draw=1.0, ess=ess_mean)
     assert not ok["stein_flagged"] and not ok["stuck"]
     assert all(abs(v - 1) < 0.1 for v in ok["stein_ratio"].values())
-    wide = check_draws(1.5 * theta, -1.5 * theta, np.ones(3), names, 1.0)
+    wide = check_draws(1.5 * theta, -1.5 * theta, np.ones(3), names, 1.0, ess=ess_mean)
     assert wide["stein_flagged"] == names
     assert all(abs(v - 2.25) < 0.25 for v in wide["stein_ratio"].values())
-    shifted = check_draws(theta + 0.5, -(theta + 0.5), np.ones(3), names, 1.0)
+    shifted = check_draws(theta + 0.5, -(theta + 0.5), np.ones(3), names, 1.0, ess=ess_mean)
     assert shifted["stein_flagged"] == names
     assert all(abs(v - 0.5) < 0.1 for v in shifted["mean_shift_sd"].values())
     still = np.repeat(theta[:, :1], 2000, axis=1) + 1e-9 * theta
-    assert check_draws(still, -still, np.ones(3), names, 1.0)["stuck"] == names
+    assert check_draws(still, -still, np.ones(3), names, 1.0, ess=ess_mean)["stuck"] == names

@@ -16,10 +16,10 @@ import textwrap
 import threading
 import time
 
-import arviz as az
 import numpy as np
 import pymc as pm
 import pytest
+from stack import result_type
 
 import pymc_sgmcmc as pmsg
 
@@ -78,7 +78,7 @@ def test_divergence_after_tuning_stops_the_chain_and_keeps_the_draws_before():
     assert "Reduce step_size" in message
     assert error.chains == [(0, fault_draw), (1, fault_draw)]
     idata = error.idata
-    assert isinstance(idata, az.InferenceData)
+    assert isinstance(idata, result_type())
     # the 15 good draws after tuning and the flagged one, for both chains
     draws = fault_draw - tune + 1
     assert idata.posterior["beta"].shape == (2, draws, 2)

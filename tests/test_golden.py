@@ -1,10 +1,18 @@
-"""Golden draws: every case of ``tests/golden/cases.py`` must give bit for bit the draws (and
-tuned step sizes) recorded in ``tests/golden/draws.json``.
+"""Golden draws: every case of ``tests/golden/cases.py`` must give the draws (and tuned step
+sizes) recorded in ``tests/golden/draws.json``, to a relative tolerance of
+:data:`RELATIVE_TOLERANCE`.
+
+Why a tolerance, not the hashes: the last bits of a float64 sum depend on the CPU's vector
+width (an AMD EPYC with AVX-512 gave β = −0.1608882809642921 where this machine recorded
+−0.16088828096429214). 1e-10 is far above that rounding (and what the chains' dynamics make
+of it over 40 draws) and far below any algorithmic change (which moves draws by 1e-4 and
+more). The hashes stay as the same-machine check: equal hashes are reported as such.
 
 A refactoring that should change nothing must pass this unchanged. A deliberate change of
 the draws re-records the fixture in the same commit and names the change in the commit
-message (``tests/golden/README.md``). The hashes are only comparable on the library versions
-they were recorded with: on other versions the test is skipped, saying which differ.
+message (``tests/golden/README.md``). The fixture is recorded on today's stack (PyMC 6, JAX
+0.12) and compared on that stack's releases (major.minor of JAX and PyMC as recorded);
+elsewhere — the previous stack, PyMC 5 / JAX 0.10 — the test is skipped, saying why.
 
 Marked ``golden`` (``pytest -m golden`` runs only these; ``-m "not golden"`` leaves them
 out).
@@ -17,6 +25,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -37,6 +46,14 @@ FIXTURE_PATH = GOLDEN / "draws.json"
 FIXTURE = json.loads(FIXTURE_PATH.read_text()) if FIXTURE_PATH.exists() else None
 
 
+RELATIVE_TOLERANCE = 1e-10
+COMPARED = ("jax", "pymc")  # their major.minor must be the recorded ones
+
+
+def _minor(version: str | None) -> str | None:
+    return None if version is None else ".".join(version.split(".")[:2])
+
+
 def _version_skip_reason() -> str | None:
     if FIXTURE is None:
         return f"no golden fixture at {FIXTURE_PATH}: run tests/golden/record.py"
@@ -44,14 +61,14 @@ def _version_skip_reason() -> str | None:
     recorded = FIXTURE["versions"]
     differ = {
         name: (recorded.get(name), installed.get(name))
-        for name in sorted(set(recorded) | set(installed))
-        if recorded.get(name) != installed.get(name)
+        for name in COMPARED
+        if _minor(recorded.get(name)) != _minor(installed.get(name))
     }
     if differ:
         listed = ", ".join(f"{n} recorded {r} / installed {i}" for n, (r, i) in differ.items())
         return (
-            "golden draws were recorded on other library versions and their hashes are only "
-            f"comparable on the same ones ({listed}); re-record with tests/golden/record.py "
+            "golden draws were recorded on another stack and are compared on its releases only "
+            f"({listed}); re-record with tests/golden/record.py on a new stack "
             f"(the fixture is from commit {FIXTURE.get('commit')})"
         )
     return None
@@ -108,11 +125,30 @@ def test_golden_draws(case):
         f"(python tests/golden/record.py --only {case.id}) in the commit that adds it"
     )
     now = cases.digest(cases.run_case(case))
-    same = (
+    if (
         now["posterior_sha256"] == recorded["posterior_sha256"]
         and now["step_size_sha256"] == recorded["step_size_sha256"]
-    )
-    assert same, _side_by_side(case.id, recorded, now)
+    ):
+        return  # bit for bit (the same machine and releases)
+    assert _close(recorded, now), _side_by_side(case.id, recorded, now)
+
+
+def _close(recorded: dict, now: dict) -> bool:
+    """The draws and step sizes equal to :data:`RELATIVE_TOLERANCE` (relative to each
+    variable's largest magnitude, so that a value near zero is not held to 1e-10 of itself)."""
+    pairs = [(recorded["step_size"], now["step_size"])]
+    if set(recorded["variables"]) != set(now["variables"]):
+        return False
+    for name, old in recorded["variables"].items():
+        if old["shape"] != now["variables"][name]["shape"]:
+            return False
+        pairs.append((old["values"], now["variables"][name]["values"]))
+    for old, new in pairs:
+        old, new = np.asarray(old, dtype=float), np.asarray(new, dtype=float)
+        scale = max(float(np.max(np.abs(old), initial=0.0)), 1e-300)
+        if old.shape != new.shape or np.any(np.abs(new - old) > RELATIVE_TOLERANCE * scale):
+            return False
+    return True
 
 
 @pytest.mark.golden

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import warnings
 
-import arviz as az
 import numpy as np
 import pymc as pm
 import pytest
+from stack import dataset, from_dict, groups, loo, loo_elpd, loo_p, loo_pointwise, result
 
 import pymc_sgmcmc as pmsg
 
@@ -40,11 +40,13 @@ def regression():
         sigma = pm.HalfNormal("sigma", 2)
         pm.Normal("y", alpha + Xd @ beta, sigma, observed=y, dims="obs")
     chains, draws = 2, 150
-    idata = az.from_dict(
-        posterior={
-            "alpha": rng.normal(0.5, 0.03, size=(chains, draws)),
-            "beta": rng.normal([1.0, -2.0], 0.03, size=(chains, draws, 2)),
-            "sigma": rng.lognormal(0.0, 0.02, size=(chains, draws)),
+    idata = from_dict(
+        {
+            "posterior": {
+                "alpha": rng.normal(0.5, 0.03, size=(chains, draws)),
+                "beta": rng.normal([1.0, -2.0], 0.03, size=(chains, draws, 2)),
+                "sigma": rng.lognormal(0.0, 0.02, size=(chains, draws)),
+            }
         },
         coords={"feature": ["a", "b"]},
         dims={"beta": ["feature"]},
@@ -65,9 +67,9 @@ def test_all_rows_equal_pm_compute_log_likelihood(regression):
     np.testing.assert_array_equal(ll["row_index"].values, np.arange(N_REG))
     assert ll.attrs["n_rows_total"] == N_REG
     # a new InferenceData: the caller's idata is not extended unless asked
-    assert "log_likelihood" not in idata.groups()
-    assert az.loo(out).elpd_loo == pytest.approx(
-        az.loo(az.InferenceData(posterior=idata.posterior, log_likelihood=reference)).elpd_loo
+    assert "log_likelihood" not in groups(idata)
+    assert loo_elpd(loo(out)) == pytest.approx(
+        loo_elpd(loo(result(posterior=dataset(idata), log_likelihood=reference)))
     )
 
 
@@ -106,7 +108,7 @@ def test_extend_inferencedata_adds_the_group(regression):
     model, idata, _ = regression
     copy = idata.copy()
     out = pmsg.log_likelihood(copy, model, rows=50, extend_inferencedata=True)
-    assert out is copy and "log_likelihood" in copy.groups()
+    assert out is copy and "log_likelihood" in groups(copy)
     assert copy.log_likelihood["y"].shape == (2, 150, 50)
 
 
@@ -131,7 +133,9 @@ def test_the_documented_limit_one_million_rows_two_thousand_draws():
         a = pm.Normal("a")
         b = pm.Normal("b")
         pm.Normal("y", a + b * pm.Data("x", x), 1.0, observed=y)
-    idata = az.from_dict(posterior={"a": rng.normal(size=(4, 500)), "b": rng.normal(size=(4, 500))})
+    idata = from_dict(
+        {"posterior": {"a": rng.normal(size=(4, 500)), "b": rng.normal(size=(4, 500))}}
+    )
     with pytest.raises(ValueError, match=r"1,000,000 rows × 2,000 draws × 8 bytes is 16\.0 GB"):
         pmsg.log_likelihood(idata, model)
 
@@ -147,7 +151,7 @@ def test_multivariate_and_minibatch_models():
     with pm.Model() as mv:
         mu = pm.Normal("mu", shape=2)
         pm.MvNormal("Y", mu + x[:, None], cov=np.eye(2), observed=Y)
-    idata = az.from_dict(posterior={"mu": rng.normal(size=(2, 30, 2))})
+    idata = from_dict({"posterior": {"mu": rng.normal(size=(2, 30, 2))}})
     ref = pm.compute_log_likelihood(idata, model=mv, extend_inferencedata=False, progressbar=False)
     ll = pmsg.log_likelihood(idata, mv, rows=50).log_likelihood
     rows = ll["row_index"].values
@@ -162,7 +166,7 @@ def test_multivariate_and_minibatch_models():
         Xb, yb = pm.Minibatch(X, y, batch_size=50)
         b = pm.Normal("b", 0, 1, shape=2)
         pm.Normal("y", Xb @ b, 1.0, observed=yb, total_size=n)
-    idata = az.from_dict(posterior={"b": rng.normal([1.0, 2.0], 0.05, size=(2, 30, 2))})
+    idata = from_dict({"posterior": {"b": rng.normal([1.0, 2.0], 0.05, size=(2, 30, 2))}})
     np.testing.assert_array_equal(
         pmsg.log_likelihood(idata, advi).log_likelihood["y"].values,
         pmsg.log_likelihood(idata, full).log_likelihood["y"].values,
@@ -198,16 +202,11 @@ def _conjugate(X: np.ndarray, y: np.ndarray, rng: np.random.Generator, chains=2,
     cov = np.linalg.inv(precision)
     mean = cov @ X.T @ y / NOISE_SD**2
     beta_draws = rng.multivariate_normal(mean, cov, size=(chains, draws))
-    idata = az.from_dict(posterior={"beta": beta_draws})
+    idata = from_dict({"posterior": {"beta": beta_draws}})
     full = pm.compute_log_likelihood(
         idata, model=model, extend_inferencedata=False, progressbar=False
     )
-    loo = az.loo(
-        az.InferenceData(posterior=idata.posterior, log_likelihood=full),
-        pointwise=True,
-        scale="log",
-    )
-    return model, idata, loo
+    return model, idata, loo(result(posterior=dataset(idata), log_likelihood=full))
 
 
 @pytest.fixture(scope="module")
@@ -221,15 +220,15 @@ def conjugate():
 
 
 def test_all_rows_is_az_loo(conjugate):
-    (model, idata, loo), _ = conjugate
+    (model, idata, reference), _ = conjugate
     est = pmsg.loo_subsample(idata, model, rows=N_LOO)
     assert est.n_subsample == est.n_data_points == N_LOO
     assert est.subsampling_se == 0.0
-    assert est.elpd_loo == pytest.approx(loo.elpd_loo, rel=1e-12)
-    assert est.se == pytest.approx(loo.se, rel=1e-8)
-    assert est.p_loo == pytest.approx(loo.p_loo, rel=1e-8)
-    np.testing.assert_allclose(est.loo_i, loo.loo_i.values, rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(est.pareto_k, loo.pareto_k.values, rtol=1e-8, atol=1e-10)
+    assert est.elpd_loo == pytest.approx(loo_elpd(reference), rel=1e-12)
+    assert est.se == pytest.approx(reference.se, rel=1e-8)
+    assert est.p_loo == pytest.approx(loo_p(reference), rel=1e-8)
+    np.testing.assert_allclose(est.loo_i, loo_pointwise(reference), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(est.pareto_k, reference.pareto_k.values, rtol=1e-8, atol=1e-10)
     text = repr(est)
     assert "elpd_loo" in text and "subsampling SE" in text and "Pareto k" in text
 
@@ -240,20 +239,20 @@ def test_subsample_estimate_within_three_subsampling_se_of_the_full_loo(conjugat
     normal (CLT) with sd = the subsampling SE. |error| <= 3 SE has probability 0.997 per
     seed; the seeds are fixed, so the test is deterministic. The usual SE (the spread of the
     rows' elpd_i, N·Var) is estimated from the subsample too: within 10% of az.loo's."""
-    (model, idata, loo), _ = conjugate
+    (model, idata, reference), _ = conjugate
     for seed in (0, 1, 2):
         est = pmsg.loo_subsample(idata, model, rows=300, random_seed=seed)
         assert est.n_subsample == 300 and est.n_data_points == N_LOO
         assert 0 < est.subsampling_se < 0.1 * est.se
-        assert abs(est.elpd_loo - loo.elpd_loo) <= 3 * est.subsampling_se, (
+        assert abs(est.elpd_loo - loo_elpd(reference)) <= 3 * est.subsampling_se, (
             est.elpd_loo,
-            loo.elpd_loo,
+            loo_elpd(reference),
             est.subsampling_se,
         )
-        assert est.se == pytest.approx(loo.se, rel=0.1)
-        assert abs(est.p_loo - loo.p_loo) <= 3 * est.p_loo_subsampling_se
+        assert est.se == pytest.approx(reference.se, rel=0.1)
+        assert abs(est.p_loo - loo_p(reference)) <= 3 * est.p_loo_subsampling_se
         np.testing.assert_allclose(
-            est.loo_i, loo.loo_i.values[est.rows], rtol=1e-10
+            est.loo_i, loo_pointwise(reference)[est.rows], rtol=1e-10
         )  # the sampled rows' PSIS-LOO is az.loo's (the same draws, the same reff)
     # a well-specified model: no influential row among the least likely ones
     assert not [w for w in recwarn if "influential row" in str(w.message)]
@@ -262,7 +261,7 @@ def test_subsample_estimate_within_three_subsampling_se_of_the_full_loo(conjugat
 
 def test_subsampling_se_shrinks_as_m_grows(conjugate):
     """sqrt((1 - m/N)/m) falls by 2.2x from 100 to 400 rows and 2.6x from 400 to 1 600."""
-    (model, idata, loo), _ = conjugate
+    (model, idata, reference), _ = conjugate
     ses = [pmsg.loo_subsample(idata, model, rows=m).subsampling_se for m in (100, 400, 1600)]
     assert ses[0] > ses[1] > ses[2] > 0
 
@@ -274,7 +273,7 @@ def test_model_comparison_on_the_same_rows(conjugate):
     a = pmsg.loo_subsample(full_idata, full_model, rows=300)
     b = pmsg.loo_subsample(reduced_idata, reduced_model, rows=300)
     diff = a.elpd_diff(b)
-    truth = full_loo.elpd_loo - reduced_loo.elpd_loo
+    truth = loo_elpd(full_loo) - loo_elpd(reduced_loo)
     assert abs(diff.elpd_diff - truth) <= 3 * diff.subsampling_se
     # paired: the rows' common variation cancels, far below either model's own SE
     assert diff.se < 0.5 * a.se
@@ -293,10 +292,10 @@ def test_an_influential_row_outside_the_subsample_is_flagged():
     y = X @ [0.5, -1.0] + NOISE_SD * rng.normal(size=n)
     X[7] = [3.0, 3.0]
     y[7] += 30 * NOISE_SD
-    model, idata, loo = _conjugate(X, y, rng)
-    assert loo.pareto_k.values[7] > 1
+    model, idata, reference = _conjugate(X, y, rng)
+    assert reference.pareto_k.values[7] > 1
     with pytest.warns(UserWarning, match=r"Row 7, .* is not in the subsample: an influential row"):
         est = pmsg.loo_subsample(idata, model, rows=200)
     assert 7 not in est.rows and 7 in est.lowest_rows
-    assert est.lowest_pareto_k.max() == pytest.approx(loo.pareto_k.values[7], rel=1e-8)
+    assert est.lowest_pareto_k.max() == pytest.approx(reference.pareto_k.values[7], rel=1e-8)
     assert "An influential row" in repr(est)

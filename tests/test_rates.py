@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.linalg import solve_discrete_lyapunov
 
-from pymc_sgmcmc.step_methods import default_batch_size
+from pymc_sgmcmc.adapter.step import default_batch_size
 from pymc_sgmcmc.tuning import Whitening, effective_window, iasg_rule, iasg_window, langevin_rule
 from pymc_sgmcmc.tuning.rates import noise_budget
 

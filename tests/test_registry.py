@@ -8,12 +8,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pymc as pm
 import pytest
+from stack import STEP_METHODS
 
 import pymc_sgmcmc as pmsg
+from pymc_sgmcmc.adapter.step import SGMCMCStep
 from pymc_sgmcmc.registry import SAMPLERS, TOLERANCES, spec
-from pymc_sgmcmc.step_methods import SGMCMCStep
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -29,7 +29,7 @@ def test_every_exported_sampler_is_registered_and_known_to_pymc():
     }
     assert exported == {s.name for s in SAMPLERS}
     for entry in SAMPLERS:
-        assert entry.cls in pm.STEP_METHODS
+        assert entry.cls in STEP_METHODS
         assert entry.tolerance in TOLERANCES
     assert spec("IASG").cls is pmsg.IASG
     with pytest.raises(KeyError, match="the samplers are"):
@@ -60,15 +60,3 @@ def test_capabilities_are_read_from_the_classes():
         "SVRGLD",
         "SGHMC",
     }
-
-
-def test_old_spellings_of_moved_names_still_resolve():
-    # The re-founding moved the samplers and some constants out of step_methods and LOO out
-    # of model_checking; the old paths (and objects pickled with them) still resolve.
-    from pymc_sgmcmc import model_checking, step_methods
-
-    assert step_methods.SGLD is pmsg.SGLD and step_methods.IASG is pmsg.IASG
-    assert step_methods.NOISE_CHUNK_WORK > 0 and step_methods.CONSTANT_SGD_STEP_CAP > 0
-    assert model_checking.loo_subsample is pmsg.loo_subsample
-    with pytest.raises(AttributeError, match="no attribute 'NOT_THERE'"):
-        step_methods.NOT_THERE  # noqa: B018

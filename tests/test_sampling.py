@@ -13,6 +13,7 @@ import jax
 import numpy as np
 import pymc as pm
 import pytest
+from stack import groups
 from test_faults import B, FaultySGLD, N, regression_model
 
 import pymc_sgmcmc as pmsg
@@ -57,9 +58,9 @@ def test_groups_variables_dims_and_attrs_are_pm_samples(model):
     start = {"beta": np.array([0.5, -0.5, 0.25])}
     kwargs = {**SMALL, "discard_tuned_samples": False, "initvals": start}
     a, b = _both(model, lambda: pmsg.ConstantSGD(batch_size=100), **kwargs)
-    assert a.groups() == b.groups()
-    assert "warmup_posterior" in b.groups() and "warmup_sample_stats" in b.groups()
-    for group in a.groups():
+    assert groups(a) == groups(b)
+    assert "warmup_posterior" in groups(b) and "warmup_sample_stats" in groups(b)
+    for group in groups(a):
         assert set(a[group].data_vars) == set(b[group].data_vars), group
         assert dict(a[group].sizes) == dict(b[group].sizes), group
         for name, var in a[group].data_vars.items():

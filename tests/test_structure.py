@@ -1,6 +1,5 @@
-"""The package's shape, enforced (issue 24): no import cycles, imports at the top of modules,
-and modules and classes small enough to read — with the current exceptions listed, each with
-its reason and a ceiling that may only come down.
+"""The package's shape, enforced: no import cycles, imports at the top of modules, and PyMC,
+PyTensor and ArviZ imported by the adapter only (:mod:`pymc_sgmcmc.adapter`).
 """
 
 from __future__ import annotations
@@ -13,24 +12,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pymc_sgmcmc"
 # Function-local imports are for starting JAX lazily and for optional dependencies only.
 LOCAL_IMPORTS_ALLOWED = {"jax", "jaxlib", "zarr", "dask", "matplotlib"}
 
-MODULE_LINES = 600
-CLASS_LINES = 300
-# Over the limits today. A ceiling is the size when it was listed (rounded up to 25 lines):
-# growing past it fails; shrinking a file lowers its ceiling in the same commit.
-OVERSIZE = {
-    "step_methods.py": (
-        1050,
-        "the steps' base class: the PyMC step protocol, argument checks, compilation wiring "
-        "and the draw loop (the samplers, draw bodies, measurements, host tuning and "
-        "self-check are modules of their own); to split into a chain engine and a thin "
-        "BlockedStep",
-    ),
-    "step_methods.py:SGMCMCStep": (
-        850,
-        "the PyMC step protocol, argument checks, compilation wiring, the draw loop with its "
-        "retries and emission; to split into a chain engine and a thin BlockedStep",
-    ),
-}
+# The host libraries: only the adapter (pymc_sgmcmc.adapter) may import them, directly or
+# through importlib (issue 40: PyMC touched in one place).
+HOST_LIBRARIES = ("pymc", "pytensor", "arviz", "xarray_einstats")
+ADAPTER = "pymc_sgmcmc.adapter"
 
 
 def _modules() -> dict[str, Path]:
@@ -122,20 +107,67 @@ def test_imports_are_at_the_top_of_modules():
     )
 
 
-def test_modules_and_classes_stay_small():
-    too_big, seen = [], set()
-    for path in sorted(PACKAGE.rglob("*.py")):
-        rel = str(path.relative_to(PACKAGE))
-        source = path.read_text()
-        sizes = {rel: (source.count("\n"), MODULE_LINES)}
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.ClassDef):
-                sizes[f"{rel}:{node.name}"] = (node.end_lineno - node.lineno + 1, CLASS_LINES)
-        for key, (size, limit) in sizes.items():
-            if key in OVERSIZE:
-                seen.add(key)
-                limit = OVERSIZE[key][0]
-            if size > limit:
-                too_big.append(f"{key}: {size} lines (limit {limit})")
-    assert not too_big, "split these (or, with a reason, list them in OVERSIZE): " + str(too_big)
-    assert seen == set(OVERSIZE), f"OVERSIZE lists what is gone: {set(OVERSIZE) - seen}"
+def _host_library(name: str) -> str | None:
+    root = name.split(".")[0]
+    if root in HOST_LIBRARIES or root.startswith("arviz_"):
+        return root
+    return None
+
+
+def test_only_the_adapter_imports_pymc_pytensor_or_arviz():
+    found = []
+    for name, path in _modules().items():
+        if name == ADAPTER or name.startswith(ADAPTER + "."):
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                targets = _imported(node, name, path.name == "__init__.py")[:1]
+                if isinstance(node, ast.Import):
+                    targets = [a.name for a in node.names]
+            elif isinstance(node, ast.Call):
+                # importlib.import_module("pymc...") / __import__("pymc...")
+                func = ast.unparse(node.func)
+                if func.endswith("import_module") or func == "__import__":
+                    targets = [a.value for a in node.args if isinstance(a, ast.Constant)]
+            for target in targets:
+                if isinstance(target, str) and _host_library(target):
+                    found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {target}")
+    assert not found, (
+        "only pymc_sgmcmc.adapter may import pymc, pytensor or arviz (move the code that "
+        f"needs them there, or pass their values down): {found}"
+    )
+
+
+def _resolve(path: str) -> object:
+    """The object at a dotted path: the longest importable module, then attributes (an
+    attribute of pymc's Model is looked up on an instance: they are set in __init__)."""
+    import importlib
+
+    import pymc as pm
+
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            if obj is pm.Model:
+                obj = pm.Model()
+            obj = getattr(obj, name)
+        return obj
+    raise ImportError(path)
+
+
+def test_every_private_pymc_name_listed_resolves():
+    from pymc_sgmcmc.adapter.internals import PRIVATE_NAMES
+
+    missing = []
+    for path in PRIVATE_NAMES:
+        try:
+            _resolve(path)
+        except (ImportError, AttributeError) as error:
+            missing.append(f"{path}: {error}")
+    assert not missing, missing

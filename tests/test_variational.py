@@ -17,6 +17,7 @@ import pymc as pm
 import pytest
 from posteriors.common import score, verdict
 from posteriors.posteriordb import build, reference
+from stack import groups
 
 import pymc_sgmcmc as pmsg
 from pymc_sgmcmc import _tridiagonal as T
@@ -257,7 +258,7 @@ def test_inference_data_holds_locals_elbo_and_q():
     group = idata.variational
     assert set(group.data_vars) == {"u_site_shift", "u_log_site_precision"}
     assert group["u_site_shift"].dims == ("chain", "group")
-    assert idata.groups().count("sample_stats") == 1
+    assert groups(idata).count("sample_stats") == 1
     settings = idata.posterior.attrs["sgmcmc_settings"]
     assert '"local_family": "markov"' in settings and "site_shift" not in settings
     # The draws of the locals differ from draw to draw (fresh draws from q).

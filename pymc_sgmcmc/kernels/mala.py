@@ -9,7 +9,7 @@ accepted with probability :math:`\min\big(1,\ \frac{p(y)\,q(\theta\mid y)}{p(\th
 p(\theta))^\top P^{-1} (y-\theta-P\nabla\log p(\theta))\}` (Roberts & Tweedie 1996). With
 every row in every gradient there is no minibatch noise to exploit, and the Metropolis step
 makes the chain exact: this is what every sampler of the package runs when ``batch_size ≥ N``
-(see :mod:`pymc_sgmcmc.step_methods`). ``P = h A⁻¹`` with ``A`` the measured curvature, so
+(see :mod:`pymc_sgmcmc.adapter.step`). ``P = h A⁻¹`` with ``A`` the measured curvature, so
 ``P⁻¹ = A/h`` is passed as ``inverse_preconditioner``.
 
 With ``adjust = 0`` the proposal is always accepted: the driver's search for the mode runs the

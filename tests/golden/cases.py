@@ -471,9 +471,12 @@ def digest(idata: Any) -> dict[str, Any]:
     ``posterior_sha256``: SHA-256 over every posterior variable sorted by name, each fed as
     its name, its shape and its values as float64 C-contiguous bytes (chain and draw order as
     returned). ``step_size_sha256``: the same for ``sample_stats["step_size"]``.
-    ``variables``: per variable its shape, its own SHA-256 and its mean over chains and draws.
+    ``variables``: per variable its shape, its own SHA-256, its mean over chains and draws
+    and its values (raveled, as float64 written with repr: they round-trip exactly);
+    ``step_size``: the step sizes' values. The values are what ``test_golden`` compares, to
+    a stated tolerance; the hashes are the same-machine check.
     """
-    posterior = idata.posterior
+    posterior = idata["posterior"]
     total = hashlib.sha256()
     variables = {}
     for name in sorted(posterior.data_vars):
@@ -485,12 +488,14 @@ def digest(idata: Any) -> dict[str, Any]:
             "shape": list(values.shape),
             "sha256": _sha256(values),
             "mean": _readable(values),
+            "values": values.ravel().tolist(),
         }
-    step_size = _as_f64(idata.sample_stats["step_size"].values)
+    step_size = _as_f64(idata["sample_stats"]["step_size"].values)
     return {
         "posterior_sha256": total.hexdigest(),
         "step_size_sha256": _sha256(step_size),
         "step_size_mean": float(step_size.mean()),
+        "step_size": step_size.ravel().tolist(),
         "variables": variables,
     }
 

@@ -31,7 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "draws.json"
 LIBRARIES = ("jax", "jaxlib", "pymc", "pytensor", "numpy")
-FORMAT = 1
+FORMAT = 2  # 2: the values are stored too (compared to a tolerance)
 
 
 def load_cases():

@@ -12,7 +12,7 @@ How a draw is shared between the host and the device
 Tuning happens on the host, per chain, between draws (noise estimates, step sizes,
 preconditioners, retries of a diverged draw at a halved step). Each chain gets its own copy of
 the step object (sharing the compiled functions, never recompiling) and runs the step's own
-draw, :meth:`~pymc_sgmcmc.step_methods.SGMCMCStep.draw_steps` — ``step()`` as a generator
+draw, :meth:`~pymc_sgmcmc.adapter.step.SGMCMCStep.draw_steps` — ``step()`` as a generator
 that yields each compiled draw it needs: the draws all chains ask for run as one vmapped call
 and their results are sent back (the chains' host parts side by side in threads). Everything else — tuning, divergence handling, the stats,
 the tuned settings — is the step method's own code, not a copy of it. After tuning the
@@ -48,10 +48,10 @@ from pymc.util import get_random_generator
 from pymc_sgmcmc._chain_engine import _chain_groups
 from pymc_sgmcmc._chain_processes import run_in_processes
 from pymc_sgmcmc._chain_run import _adopt_last_chain, tune_and_sample
-from pymc_sgmcmc._hooks import _DIVERGED, _STEPS
 from pymc_sgmcmc._precision import in_float64_of_step
+from pymc_sgmcmc.adapter.hooks import _DIVERGED, _STEPS
+from pymc_sgmcmc.adapter.step import SGMCMCStep, bind_steps
 from pymc_sgmcmc.errors import DivergenceError, ModelNotSupportedError
-from pymc_sgmcmc.step_methods import SGMCMCStep, bind_steps
 
 __all__ = ["CHAIN_METHODS", "sample"]
 
@@ -392,7 +392,7 @@ def _check_arguments(
 
 
 def _sample_return(step: SGMCMCStep, stopped: dict[int, DivergenceError], **kwargs: Any) -> Any:
-    """PyMC's own ``_sample_return`` (as wrapped by :mod:`pymc_sgmcmc._hooks`): the same
+    """PyMC's own ``_sample_return`` (as wrapped by :mod:`pymc_sgmcmc.adapter.hooks`): the same
     chain selection, InferenceData, convergence checks, attrs and DivergenceError as
     ``pm.sample``."""
     _STEPS.set([step])

@@ -12,7 +12,7 @@ import pytensor
 from pytensor.compile.ops import ViewOp
 from pytensor.graph.basic import Variable
 
-from pymc_sgmcmc._minibatch_models import _data_leaf_value, _optional_op_types
+from pymc_sgmcmc.adapter.minibatch_models import _data_leaf_value, _optional_op_types
 from pymc_sgmcmc.errors import DataShapeError, ModelNotSupportedError, non_finite_rows
 
 

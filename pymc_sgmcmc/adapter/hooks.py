@@ -1,8 +1,11 @@
-"""Put the SG samplers' settings and tuned values into ``pm.sample``'s InferenceData.
+"""What ``pm.sample`` does differently when one of its steps is ours: six PyMC internals
+wrapped (:data:`PATCHED_INTERNALS`; why no public extension point serves is listed with each
+in :mod:`pymc_sgmcmc.adapter.internals`).
 
 PyMC's ``pm.sample`` writes ``sampling_time``, ``tuning_steps`` etc. into the ``posterior`` and
-``sample_stats`` attrs but has no hook for a step method's own metadata. Two functions of
-``pymc.sampling.mcmc`` are wrapped (both are looked up as module globals by ``pm.sample``):
+``sample_stats`` attrs but has no hook for a step method's own metadata. Five functions of
+``pymc.sampling.mcmc`` (looked up as module globals by ``pm.sample``) and the worker entry
+point of ``pymc.sampling.parallel`` are wrapped:
 
 ``assign_step_methods``
     remembers which of the steps the user passed are ours (in a context variable);
@@ -26,14 +29,18 @@ PyMC's ``pm.sample`` writes ``sampling_time``, ``tuning_steps`` etc. into the ``
 
 ``_mp_sample``
     runs the chains in this process, one after another, when the call's step is or contains
-    one of ours (:mod:`pymc_sgmcmc._multiprocessing`); other calls are PyMC's own.
+    one of ours (:mod:`pymc_sgmcmc.adapter.chains_in_process`); other calls are PyMC's own.
+
+``pymc.sampling.parallel._run_process``
+    records the chain a PyMC worker process samples (:mod:`pymc_sgmcmc._runtime`) before
+    running it, for steps with ``devices="chains"``.
 
 ``_sample`` and ``_mp_sample``
     stop a chain whose step raised :class:`~pymc_sgmcmc.errors.DivergenceError` after
     tuning as PyMC stops chains on ``KeyboardInterrupt`` — the draws so far are kept, and the
     other chains of a sequential run go on (a parallel run stops them all, as any worker
     error does) — and remember it. ``_sample_return`` then raises the error with the
-    InferenceData of the draws before the divergence as its ``idata`` attribute.
+    result of the draws before the divergence as its ``idata`` attribute.
 
 The wrappers change nothing else and return PyMC's own results.
 """
@@ -47,6 +54,7 @@ import importlib
 import inspect
 import json
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -54,15 +62,18 @@ import pymc
 import pymc.sampling.mcmc as mcmc
 import pymc.sampling.parallel as parallel
 import xarray as xr
-from pymc.step_methods.compound import CompoundStep
+from pymc.step_methods import STEP_METHODS
+from pymc.step_methods.compound import BlockedStep, CompoundStep
 
-from pymc_sgmcmc._minibatch_models import _minibatch_slices
-from pymc_sgmcmc._multiprocessing import sample_in_this_process
 from pymc_sgmcmc._runtime import host_blas_threads, set_current_chain
+from pymc_sgmcmc.adapter.chains_in_process import sample_in_this_process
+from pymc_sgmcmc.adapter.minibatch_models import _minibatch_slices
+from pymc_sgmcmc.adapter.results import get_group, is_result, set_attrs, set_group
+from pymc_sgmcmc.adapter.stats import ess_mean
+from pymc_sgmcmc.adapter.step import SGMCMCStep, _jsonable, bind_steps
 from pymc_sgmcmc.diagnostics import run_checks
 from pymc_sgmcmc.distributed import is_collective_failure, lost_process_error
 from pymc_sgmcmc.errors import DivergenceError, ModelNotSupportedError
-from pymc_sgmcmc.step_methods import SGMCMCStep, _jsonable, bind_steps
 
 __all__ = ["install", "sgmcmc_attrs", "step_entries", "variational_group"]
 
@@ -122,24 +133,46 @@ def _refuse_pymc_steps_on_minibatches(model: Any, provided: list, result: Any) -
         )
 
 
-def _tuned_from_stats(idata: Any) -> list[dict] | None:
-    """Each chain's tuned settings from the ``sgmcmc_tuned`` stat (JSON on the chain's first
-    draw after tuning), which is then dropped from the stats groups."""
+def _pop_stat(result: Any, name: str) -> dict[str, np.ndarray]:
+    """The values of the stat ``name`` in ``warmup_sample_stats`` and ``sample_stats`` (by
+    group), which is then dropped from them, with any dimension of its own."""
+    found = {}
+    for group in ("warmup_sample_stats", "sample_stats"):
+        dataset = get_group(result, group)
+        if dataset is None or name not in dataset:
+            continue
+        stat = dataset[name]
+        found[group] = np.asarray(stat.values)
+        extra = [d for d in stat.dims if d not in ("chain", "draw")]
+        dataset = dataset.drop_vars(name)
+        set_group(result, group, dataset.drop_dims([d for d in extra if d in dataset.dims]))
+    return found
+
+
+def _tuned_from_stats(values: dict[str, np.ndarray]) -> list[dict] | None:
+    """Each chain's tuned settings from the ``sgmcmc_tuned`` stat's values (JSON on the
+    chain's first draw after tuning)."""
     per_chain: list[dict] | None = None
     for group in ("warmup_sample_stats", "sample_stats"):
-        if group not in idata.groups() or "sgmcmc_tuned" not in idata[group]:
+        if group not in values:
             continue
-        values = np.asarray(idata[group]["sgmcmc_tuned"].values)
-        values = values.reshape(values.shape[0], -1)  # (chain, draw[, 1]) → (chain, draw)
+        array = values[group]
+        array = array.reshape(array.shape[0], -1)  # (chain, draw[, 1]) → (chain, draw)
         if per_chain is None:
-            per_chain = [{} for _ in range(values.shape[0])]
-        for chain, row in enumerate(values):
+            per_chain = [{} for _ in range(array.shape[0])]
+        for chain, row in enumerate(array):
             found = [str(v) for v in row if isinstance(v, str) and v]
             if found:
                 per_chain[chain] = json.loads(found[-1])
-        # setattr, not idata[group] = ...: ArviZ appends the name to groups() again on __setitem__.
-        setattr(idata, group, idata[group].drop_vars("sgmcmc_tuned"))
     return per_chain if per_chain and all(per_chain) else None
+
+
+def _check_values(values: dict[str, np.ndarray]) -> np.ndarray | None:
+    """The sampling draws' ``sgmcmc_check`` stat as :func:`run_checks` reads it."""
+    array = values.get("sample_stats")
+    if array is None or not array.size or array.ndim < 2:
+        return None
+    return array if array.ndim == 3 else array.reshape(array.shape[0], -1)
 
 
 def step_entries(steps: list, tuned_chains: list[dict] | None = None) -> list[dict]:
@@ -256,18 +289,31 @@ def check_pymc_internals(modules: dict[str, Any] | None = None) -> None:
             f"pymc.sampling.parallel._Process's argument {_PROCESS_CHAIN_INDEX + 1} is not "
             f"'chain' (it takes {params})"
         )
+    if not any(hasattr(BlockedStep, name) for name in ("setup_chain", "set_rng")):
+        problems.append(
+            "BlockedStep has neither setup_chain (PyMC 6) nor set_rng (PyMC 5), by which a "
+            "step learns that a chain starts"
+        )
     if problems:
         raise ImportError(
             f"pymc_sgmcmc wraps a few internals of PyMC's pm.sample, and in PyMC "
             f"{pymc.__version__} they changed: " + "; ".join(problems) + ". This release of "
-            "pymc_sgmcmc was built against PyMC 5.20-5.28 (see pyproject.toml); install a "
+            "pymc_sgmcmc was built against PyMC 5.28 and 6.x (see pyproject.toml); install a "
             "PyMC in that range or a pymc_sgmcmc that supports yours."
         )
 
 
-def install() -> None:
-    """Wrap PyMC's ``pm.sample`` internals (:data:`PATCHED_INTERNALS`) once, after checking
-    that they still have the shape the wrappers expect (:func:`check_pymc_internals`)."""
+def install(step_classes: Sequence[type] = ()) -> None:
+    """List ``step_classes`` with PyMC's step methods and wrap PyMC's ``pm.sample`` internals
+    (:data:`PATCHED_INTERNALS`) once, after checking that they still have the shape the
+    wrappers expect (:func:`check_pymc_internals`).
+
+    Listed in ``pm.STEP_METHODS`` so that ``step_kwargs`` by name and tooling see them; their
+    competence is INCOMPATIBLE, so ``pm.sample`` never assigns them unless the user names
+    them."""
+    for cls in step_classes:
+        if cls not in STEP_METHODS:
+            STEP_METHODS.append(cls)
     global _INSTALLED
     if _INSTALLED:
         return
@@ -319,7 +365,7 @@ def install() -> None:
     @functools.wraps(mp_sample_original)
     def _mp_sample(*args: Any, **kwargs: Any) -> Any:
         if _STEPS.get():
-            # One of our steps: the chains run in this process (pymc_sgmcmc._multiprocessing);
+            # One of our steps: the chains run in this process (pymc_sgmcmc.adapter.chains_in_process);
             # _sample (wrapped above) stops a diverging chain as in a sequential run.
             return sample_in_this_process(kwargs)
         try:
@@ -336,7 +382,7 @@ def install() -> None:
     @functools.wraps(assign_original)
     def assign_step_methods(*args: Any, **kwargs: Any) -> Any:
         # pm.sample(step=pmsg.IASG(), model=m) with the step built outside `with m:`: bind
-        # it to the model being sampled (pymc_sgmcmc.step_methods.UnboundStep).
+        # it to the model being sampled (pymc_sgmcmc.adapter.step.UnboundStep).
         args = list(args)
         model = args[0] if args else kwargs.get("model")
         if len(args) > 1:
@@ -367,16 +413,20 @@ def install() -> None:
                 "(PyMC keeps the chains and length that give the most draws)."
             )
         result = return_original(*args, **kwargs)
-        if steps and hasattr(result, "groups"):
-            entries = step_entries(steps, _tuned_from_stats(result))
+        if steps and is_result(result):
+            entries = step_entries(steps, _tuned_from_stats(_pop_stat(result, "sgmcmc_tuned")))
             group = variational_group(entries, steps[0].problem.model)
             attrs = sgmcmc_attrs(steps, entries)
-            for name in ("posterior", "sample_stats"):
-                if name in result.groups():
-                    result[name].attrs.update(attrs)
-            run_checks(result, entries)
+            set_attrs(result, ("posterior", "sample_stats"), attrs)
+            check = _check_values(_pop_stat(result, "sgmcmc_check"))
+            report = run_checks(check, entries, ess=ess_mean)
+            set_attrs(
+                result,
+                ("posterior", "sample_stats"),
+                {"sgmcmc_diagnostics": json.dumps(report, default=float)},
+            )
             if group is not None:
-                result.add_groups({"variational": group})
+                set_group(result, "variational", group)
         if diverged:
             lines = [f"chain {chain}: {error}" for chain, error in diverged]
             raise DivergenceError(

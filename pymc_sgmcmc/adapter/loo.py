@@ -2,7 +2,7 @@ r"""Subsampled PSIS-LOO (:func:`loo_subsample`): the elpd of all N rows estimate
 with the difference estimator of Magnusson et al. (2020) — the log density at the posterior
 mean for every row (one pass over the data) plus exact PSIS-LOO on the m sampled rows, with
 the subsampling standard error. Memory: N + m × draws numbers. The pointwise terms come from
-:mod:`pymc_sgmcmc.model_checking`.
+:mod:`pymc_sgmcmc.adapter.model_checking`.
 """
 
 from __future__ import annotations
@@ -11,15 +11,14 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-import arviz as az
 import numpy as np
 import pymc as pm
 import xarray as xr
 from scipy.special import logsumexp
 
-from pymc_sgmcmc._precision import in_float64
-from pymc_sgmcmc.model_checking import (
+from pymc_sgmcmc.adapter.model_checking import (
     MEMORY_BUDGET,
     _auto_chunk,
     _check_budget,
@@ -31,6 +30,8 @@ from pymc_sgmcmc.model_checking import (
     _select_rows,
     _stacked_draws,
 )
+from pymc_sgmcmc.adapter.precision import in_float64
+from pymc_sgmcmc.adapter.stats import LOO_SE_DDOF, ess_of_means, psis_loo
 
 __all__ = ["ElpdDifference", "LooSubsample", "loo_subsample"]
 
@@ -47,7 +48,8 @@ def _difference_estimate(
     ``approx`` (N,) approximates every term, ``exact`` (m,) are the exact terms at the rows
     ``index``. Returns the estimate of :math:`t = \sum_i \pi_i`, the estimated variance of
     that estimate from the subsampling, and the estimated :math:`\sum_i (\pi_i - \bar\pi)^2`
-    (N times the population variance: its square root is the usual PSIS-LOO SE).
+    (N times the population variance, or N²/(N − 1) times it: its square root is the usual
+    PSIS-LOO SE, with the host ArviZ's ``ddof``).
     Magnusson et al. (2020), eqs. (7)-(9), with the sign in (9) as in their supplement.
     """
     n, m = approx.size, exact.size
@@ -59,6 +61,9 @@ def _difference_estimate(
     subsampling_var = n**2 * (1 - m / n) * var_e / m if m < n else 0.0
     sum_sq = float(np.sum(approx**2)) + n * float(np.mean(exact**2 - approx_m**2))
     spread = sum_sq - (estimate**2 - subsampling_var) / n
+    # The usual SE as the host ArviZ computes it: sqrt(N·Var(π)) with Var's ddof 0 in ArviZ
+    # 0.x, sqrt(N)·sd(π) (ddof 1, as R's loo) in ArviZ 1.
+    spread *= n / (n - LOO_SE_DDOF) if n > LOO_SE_DDOF else 1.0
     return estimate, subsampling_var, max(spread, 0.0)
 
 
@@ -215,8 +220,7 @@ def _reff(model: pm.Model, posterior: xr.Dataset, n_draws: int) -> float:
     if posterior.sizes["chain"] == 1:
         return 1.0
     free = [rv.name for rv in model.free_RVs if rv.name in posterior] or list(posterior)
-    ess = az.ess(posterior[free], method="mean")
-    return float(np.hstack([ess[v].values.ravel() for v in ess.data_vars]).mean() / n_draws)
+    return float(ess_of_means(posterior[free]).mean() / n_draws)
 
 
 def _psis_loo(lik, posterior, values, n_draws, rows, reff, chunk_draws):
@@ -238,15 +242,12 @@ def _psis_loo(lik, posterior, values, n_draws, rows, reff, chunk_draws):
         {"rows": (("chain", "draw", "row"), sub.reshape(n_chains, n_draws // n_chains, m))},
         coords={"chain": posterior["chain"].values, "draw": posterior["draw"].values},
     )
-    loo = az.loo(
-        az.InferenceData(log_likelihood=ll), pointwise=True, var_name="rows", reff=reff, scale="log"
-    )
-    return loo, logsumexp(sub, axis=0) - math.log(n_draws)
+    return psis_loo(ll, "rows", reff), logsumexp(sub, axis=0) - math.log(n_draws)
 
 
 @in_float64
 def loo_subsample(
-    idata: az.InferenceData,
+    idata: Any,
     model: pm.Model | None = None,
     *,
     rows: int | Sequence[int] | np.ndarray = 1000,
@@ -346,8 +347,7 @@ def loo_subsample(
     # PSIS-LOO on the subsample: per-row totals over the observed variables.
     reff = _reff(model, posterior, n_draws) if reff is None else float(reff)
     loo, lpd_i = _psis_loo(lik, posterior, values, n_draws, row_index, reff, chunk_draws)
-    loo_i = np.asarray(loo.loo_i.values, dtype=float)
-    pareto_k = np.asarray(loo.pareto_k.values, dtype=float)
+    loo_i, pareto_k = loo.elpd_i, loo.pareto_k
     p_loo_i = lpd_i - loo_i
 
     # The approximation on every row: log density at the posterior mean.
@@ -377,7 +377,7 @@ def loo_subsample(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             lowest_loo, _ = _psis_loo(lik, posterior, values, n_draws, lowest, reff, chunk_draws)
-        lowest_k = np.asarray(lowest_loo.pareto_k.values, dtype=float)
+        lowest_k = lowest_loo.pareto_k
         if np.any(lowest_k > loo.good_k):
             worst = int(lowest[np.argmax(lowest_k)])
             where = "in" if worst in set(row_index.tolist()) else "not in"

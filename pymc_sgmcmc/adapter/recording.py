@@ -26,6 +26,8 @@ import arviz as az
 import numpy as np
 import pymc as pm
 
+from pymc_sgmcmc.adapter.results import ARVIZ_1
+
 __all__ = ["DrawWriter", "read_draws"]
 
 DEFAULT_STATS = ("diverging", "step_size", "minibatch_loss", "grad_norm", "data_passes")
@@ -211,4 +213,7 @@ def read_draws(path: str | os.PathLike, *, include_tune: bool = False) -> Any:
     draw_index = data[0, :, 0].astype(int)
     coords["draw"] = draw_index
     coords["chain"] = numbers
-    return az.from_dict(posterior=posterior, sample_stats=stats, coords=coords, dims=dims)
+    groups = {"posterior": posterior, "sample_stats": stats}
+    if ARVIZ_1:
+        return az.from_dict(groups, coords=coords, dims=dims)
+    return az.from_dict(**groups, coords=coords, dims=dims)

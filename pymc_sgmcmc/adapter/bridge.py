@@ -37,9 +37,14 @@ from pytensor.tensor.exceptions import NotScalarConstantError
 from pytensor.tensor.random.type import RandomType
 from pytensor.tensor.shape import SpecifyShape
 
-from pymc_sgmcmc._bridge_jax import _JAX_LOCK, _build_jax_functions
-from pymc_sgmcmc._data_checks import _check_imputation, _misaligned, _probe_rows, check_finite_rows
-from pymc_sgmcmc._minibatch_models import _data_leaf_value, _full_data_model, _uncast
+from pymc_sgmcmc.adapter.bridge_jax import _JAX_LOCK, _build_jax_functions
+from pymc_sgmcmc.adapter.data_checks import (
+    _check_imputation,
+    _misaligned,
+    _probe_rows,
+    check_finite_rows,
+)
+from pymc_sgmcmc.adapter.minibatch_models import _data_leaf_value, _full_data_model, _uncast
 from pymc_sgmcmc.errors import DataShapeError, ModelNotSupportedError
 
 __all__ = ["ROW_INDEX", "MinibatchProblem", "VarInfo", "build_problem"]

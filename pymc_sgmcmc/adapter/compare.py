@@ -5,8 +5,8 @@ mean error in reference sds, the sd ratio, bulk ESS per second and per data pass
 two whole-posterior numbers: the Gaussian KL divergence and the energy distance.
 :func:`plot_compare` overlays the marginal densities and draws a forest plot of both.
 
-The reference may be an :class:`arviz.InferenceData` (e.g. ``pm.sample()`` with NUTS), its
-``posterior`` Dataset, or a mapping of variable names to arrays of exact draws (e.g. from a
+The reference may be a result of ``pm.sample()`` (e.g. with NUTS: an ``xarray.DataTree`` with
+PyMC 6, an ``arviz.InferenceData`` with PyMC 5), its ``posterior`` group, or a mapping of variable names to arrays of exact draws (e.g. from a
 closed-form posterior). It is aligned to ``idata``'s posterior variable by variable:
 
 - a Dataset variable with the same dimension names is matched by dimension name and
@@ -15,8 +15,8 @@ closed-form posterior). It is aligned to ``idata``'s posterior variable by varia
   variable, and all leading axes are draws (``(draw, *shape)`` and
   ``(chain, draw, *shape)`` both work).
 
-Note: ``pymc_sgmcmc.compare`` is the function :func:`compare` at package level; import the
-helpers from the module, ``from pymc_sgmcmc.compare import gaussian_kl``.
+Note: ``pymc_sgmcmc.adapter.compare`` is the function :func:`compare` at package level; import the
+helpers from the module, ``from pymc_sgmcmc.adapter.compare import gaussian_kl``.
 """
 
 from __future__ import annotations
@@ -28,8 +28,15 @@ import arviz as az
 import numpy as np
 import pandas as pd
 import xarray as xr
-from arviz.labels import BaseLabeller
 from scipy.spatial.distance import cdist
+
+from pymc_sgmcmc.adapter.results import ARVIZ_1, as_dataset, get_group, is_result
+
+if ARVIZ_1:
+    import arviz_plots
+    from arviz_base.labels import BaseLabeller
+else:
+    from arviz.labels import BaseLabeller
 
 __all__ = [
     "ComparisonFigures",
@@ -44,8 +51,8 @@ SAMPLE_DIMS = ("chain", "draw")
 
 
 def compare(
-    idata: az.InferenceData,
-    reference: az.InferenceData | xr.Dataset | Mapping[str, Any],
+    idata: Any,
+    reference: Any,
     var_names: str | Sequence[str] | None = None,
     *,
     max_draws: int = 1000,
@@ -56,18 +63,18 @@ def compare(
     Parameters
     ----------
     idata
-        Our draws: any InferenceData with a ``posterior`` (an SG-MCMC run, or a NUTS one, in
-        which case ``ess_per_pass`` is NaN).
+        Our draws: any result of ``pm.sample`` with a ``posterior`` (an SG-MCMC run, or a
+        NUTS one, in which case ``ess_per_pass`` is NaN).
     reference
-        The reference draws: an InferenceData (its ``posterior`` is used), a posterior
-        Dataset, or a mapping ``{name: array}`` whose trailing axes are the variable's shape
+        The reference draws: a result of ``pm.sample`` (its ``posterior`` is used), a
+        posterior group (Dataset), or a mapping ``{name: array}`` whose trailing axes are the variable's shape
         and whose leading axes are draws (see the module docstring for the alignment).
     var_names
         Variables to compare. ``None``: every variable in both posteriors, in ``idata``'s
         order, deterministics included (they are what a user reads off the posterior, and
         their agreement is part of the comparison; a deterministic that is an affine function
         of other variables makes the joint covariance singular, which the Gaussian KL
-        handles, see :func:`~pymc_sgmcmc.compare.gaussian_kl`).
+        handles, see :func:`~pymc_sgmcmc.adapter.compare.gaussian_kl`).
     max_draws
         At most this many draws of each set (a random subset without replacement, the same
         ``seed`` for both) enter the energy distance, whose cost is quadratic in the draws.
@@ -95,20 +102,20 @@ def compare(
             ``pm.sample`` writes, tuning included); NaN without it;
         ``ess_per_pass``
             ``ess`` over the data passes spent on the kept draws, summed over chains
-            (:func:`~pymc_sgmcmc.compare.data_passes`); NaN without a ``data_passes`` stat.
+            (:func:`~pymc_sgmcmc.adapter.compare.data_passes`); NaN without a ``data_passes`` stat.
 
         and ``attrs``:
 
         ``gaussian_kl``
             :math:`\mathrm{KL}(q \,\|\, p)` between Gaussians with the means and covariances
             (``ddof=1``) of our draws (:math:`q`) and the reference draws (:math:`p`) over
-            all rows jointly, :func:`~pymc_sgmcmc.compare.gaussian_kl`; ``inf`` when one of them is degenerate in
+            all rows jointly, :func:`~pymc_sgmcmc.adapter.compare.gaussian_kl`; ``inf`` when one of them is degenerate in
             a direction where the other is not;
         ``gaussian_kl_dim``
             the dimension it was computed in (below the number of rows when the reference
             covariance is singular);
         ``energy_distance``
-            :func:`~pymc_sgmcmc.compare.energy_distance` between the two sets of draws, each coordinate divided by
+            :func:`~pymc_sgmcmc.adapter.compare.energy_distance` between the two sets of draws, each coordinate divided by
             its reference sd first, so it is in units of reference sds and scale-free;
         ``energy_distance_draws``
             the number of draws of (ours, reference) it used;
@@ -125,12 +132,13 @@ def compare(
 
     Examples
     --------
-    >>> import arviz as az
     >>> import numpy as np
+    >>> import xarray as xr
     >>> import pymc_sgmcmc as pmsg
     >>> rng = np.random.default_rng(0)
     >>> reference = {"mu": rng.normal(size=4000)}
-    >>> idata = az.from_dict(posterior={"mu": 0.5 + reference["mu"].reshape(2, 2000)})
+    >>> mu = 0.5 + reference["mu"].reshape(2, 2000)
+    >>> idata = xr.DataTree.from_dict({"posterior": xr.Dataset({"mu": (("chain", "draw"), mu)})})
     >>> df = pmsg.compare(idata, reference)
     >>> round(float(df.loc["mu", "sd_ratio"]), 12)
     1.0
@@ -145,7 +153,10 @@ def compare(
     ref_mean = ref_draws.mean(axis=0)
     sd = draws.std(axis=0, ddof=1) if len(draws) > 1 else np.full(len(labels), np.nan)
     ref_sd = ref_draws.std(axis=0, ddof=1) if len(ref_draws) > 1 else np.full(len(labels), np.nan)
-    _, ess = _flat_draws(az.ess(posterior[names], method="bulk").expand_dims(SAMPLE_DIMS), names)
+    bulk = az.ess(posterior[names], method="bulk")
+    if isinstance(bulk, xr.DataTree):
+        bulk = bulk.to_dataset()
+    _, ess = _flat_draws(bulk.expand_dims(SAMPLE_DIMS), names)
     ess = ess[0]
 
     sampling_time = _sampling_time(idata)
@@ -226,7 +237,7 @@ def gaussian_kl(
     Examples
     --------
     >>> import numpy as np
-    >>> from pymc_sgmcmc.compare import gaussian_kl
+    >>> from pymc_sgmcmc.adapter.compare import gaussian_kl
     >>> rng = np.random.default_rng(0)
     >>> x = rng.normal(size=(1000, 2))
     >>> gaussian_kl(x, x)[0] < 1e-12
@@ -300,7 +311,7 @@ def energy_distance(
     Examples
     --------
     >>> import numpy as np
-    >>> from pymc_sgmcmc.compare import energy_distance
+    >>> from pymc_sgmcmc.adapter.compare import energy_distance
     >>> energy_distance(np.zeros((3, 1)), np.ones((2, 1)))
     1.4142135623730951
     """
@@ -315,7 +326,7 @@ def energy_distance(
     return float(np.sqrt(max(squared, 0.0)))
 
 
-def data_passes(idata: az.InferenceData) -> float:
+def data_passes(idata: Any) -> float:
     """Data passes spent on the kept draws, summed over chains.
 
     The ``data_passes`` stat is cumulative per chain (tuning included) and recorded after
@@ -334,7 +345,7 @@ def data_passes(idata: az.InferenceData) -> float:
     Parameters
     ----------
     idata
-        An InferenceData from ``pm.sample``.
+        The result of ``pm.sample``.
 
     Returns
     -------
@@ -343,27 +354,26 @@ def data_passes(idata: az.InferenceData) -> float:
 
     Examples
     --------
-    >>> import arviz as az
     >>> import numpy as np
-    >>> from pymc_sgmcmc.compare import data_passes
-    >>> idata = az.from_dict(
-    ...     posterior={"mu": np.zeros((1, 3))},
-    ...     sample_stats={"data_passes": np.array([[3.0, 4.0, 5.0]])},
-    ...     warmup_sample_stats={"data_passes": np.array([[1.0, 2.0]])},
-    ...     save_warmup=True,
+    >>> import xarray as xr
+    >>> from pymc_sgmcmc.adapter.compare import data_passes
+    >>> def stats(x):
+    ...     return xr.Dataset({"data_passes": (("chain", "draw"), np.array([x]))})
+    >>> idata = xr.DataTree.from_dict(
+    ...     {"sample_stats": stats([3.0, 4.0, 5.0]), "warmup_sample_stats": stats([1.0, 2.0])}
     ... )
     >>> data_passes(idata)
     3.0
     """
-    stats = getattr(idata, "sample_stats", None)
+    stats = get_group(idata, "sample_stats")
     if stats is None or "data_passes" not in stats:
         return float("nan")
     kept = _per_chain(stats["data_passes"])
-    warmup = getattr(idata, "warmup_sample_stats", None)
+    warmup = get_group(idata, "warmup_sample_stats")
     if warmup is not None and "data_passes" in warmup and warmup.sizes.get("draw", 0) > 0:
         tuned = _per_chain(warmup["data_passes"])
         return float(sum(np.nanmax(k) - np.nanmax(t) for k, t in zip(kept, tuned, strict=True)))
-    posterior = getattr(idata, "posterior", None)
+    posterior = get_group(idata, "posterior")
     tuning_steps = stats.attrs.get(
         "tuning_steps", None if posterior is None else posterior.attrs.get("tuning_steps")
     )
@@ -388,8 +398,8 @@ class ComparisonFigures(NamedTuple):
 
 
 def plot_compare(
-    idata: az.InferenceData,
-    reference: az.InferenceData | xr.Dataset | Mapping[str, Any],
+    idata: Any,
+    reference: Any,
     var_names: str | Sequence[str] | None = None,
     *,
     labels: tuple[str, str] = ("SG", "NUTS"),
@@ -400,6 +410,7 @@ def plot_compare(
     """Overlay the marginal densities of our and the reference draws, and a forest plot.
 
     The reference is aligned to ``idata`` as in :func:`compare`, so both sets share labels.
+    Both sets are plotted with the same number of draws (a random subset of the larger).
 
     Parameters
     ----------
@@ -408,39 +419,66 @@ def plot_compare(
     labels
         Legend labels of (ours, reference).
     hdi_prob
-        Credible interval drawn in both plots.
+        Credible interval drawn in both plots (HDI).
     density_kwargs, forest_kwargs
-        Further keyword arguments to :func:`arviz.plot_density` and
-        :func:`arviz.plot_forest` (e.g. ``figsize``, ``colors``).
+        Further keyword arguments to ArviZ's density and forest plots: with ArviZ 1,
+        ``arviz_plots.plot_dist`` and ``arviz_plots.plot_forest`` (e.g.
+        ``figure_kwargs={"figsize": (8, 6)}``); with ArviZ 0.x, ``arviz.plot_density`` and
+        ``arviz.plot_forest`` (e.g. ``figsize``).
 
     Returns
     -------
     ComparisonFigures
-        ``(density, forest)`` matplotlib figures; ``fig.axes`` are the panels.
+        ``(density, forest)`` matplotlib figures; ``fig.axes`` are the panels, and each
+        figure's legend names the two sets.
 
     Examples
     --------
     >>> import matplotlib
     >>> matplotlib.use("Agg")
-    >>> import arviz as az
     >>> import numpy as np
+    >>> import xarray as xr
     >>> import pymc_sgmcmc as pmsg
     >>> rng = np.random.default_rng(0)
-    >>> idata = az.from_dict(posterior={"mu": rng.normal(size=(2, 500))})
+    >>> draws = xr.Dataset({"mu": (("chain", "draw"), rng.normal(size=(2, 500)))})
+    >>> idata = xr.DataTree.from_dict({"posterior": draws})
     >>> figures = pmsg.plot_compare(idata, {"mu": rng.normal(size=2000)}, labels=("IASG", "exact"))
     >>> len(figures.forest.axes) >= 1
     True
     """
     posterior, ref_posterior, names = _aligned(idata, reference, var_names)
+    ours, theirs = _equal_draws([posterior[names], ref_posterior[names]])
+    if ARVIZ_1:
+        models = {labels[0]: ours, labels[1]: theirs}
+        density = arviz_plots.plot_dist(
+            models,
+            var_names=names,
+            ci_kind="hdi",
+            ci_prob=hdi_prob,
+            **dict(density_kwargs or {}),
+        )
+        forest = arviz_plots.plot_forest(
+            models,
+            var_names=names,
+            combined=True,
+            ci_kind="hdi",
+            ci_probs=(0.5, hdi_prob),
+            **dict(forest_kwargs or {}),
+        )
+        for collection in (density, forest):
+            collection.add_legend("model")
+        return ComparisonFigures(
+            density=density.viz["figure"].item(), forest=forest.viz["figure"].item()
+        )
     density_axes = az.plot_density(
-        [posterior[names], ref_posterior[names]],
+        [ours, theirs],
         data_labels=list(labels),
         var_names=names,
         hdi_prob=hdi_prob,
         **dict(density_kwargs or {}),
     )
     forest_axes = az.plot_forest(
-        [posterior[names], ref_posterior[names]],
+        [ours, theirs],
         model_names=list(labels),
         var_names=names,
         combined=True,
@@ -454,21 +492,36 @@ def plot_compare(
     return ComparisonFigures(density=density_axes[0].figure, forest=np.ravel(forest_axes)[0].figure)
 
 
+def _equal_draws(datasets: Sequence[xr.Dataset], seed: int = 0) -> list[xr.Dataset]:
+    """The datasets as one chain each of the same number of draws (a random subset of the
+    larger, in order): ArviZ plots several models as one array along a ``model`` dimension,
+    which pads unequal (chain, draw) sizes with NaN."""
+    flat = [ds.stack(sample=SAMPLE_DIMS) for ds in datasets]
+    n = min(f.sizes["sample"] for f in flat)
+    out = []
+    for f in flat:
+        idx = np.sort(np.random.default_rng(seed).choice(f.sizes["sample"], n, replace=False))
+        f = f.isel(sample=idx).drop_vars(["sample", *SAMPLE_DIMS])
+        f = f.rename(sample="draw").expand_dims(chain=[0]).assign_coords(draw=np.arange(n))
+        out.append(f.transpose(*SAMPLE_DIMS, ...))
+    return out
+
+
 def _aligned(
-    idata: az.InferenceData,
-    reference: az.InferenceData | xr.Dataset | Mapping[str, Any],
+    idata: Any,
+    reference: Any,
     var_names: str | Sequence[str] | None,
 ) -> tuple[xr.Dataset, xr.Dataset, list[str]]:
     """(our posterior, reference posterior with our dims and coords, variable names)."""
-    posterior = getattr(idata, "posterior", None)
+    posterior = get_group(idata, "posterior") if is_result(idata) else None
     if posterior is None:
-        raise ValueError(
-            "idata has no posterior group: pass the InferenceData returned by pm.sample."
-        )
-    if isinstance(reference, az.InferenceData):
-        if "posterior" not in reference.groups():
-            raise ValueError("The reference InferenceData has no posterior group.")
-        reference = reference.posterior
+        raise ValueError("idata has no posterior group: pass the result of pm.sample.")
+    reference = as_dataset(reference)  # a group of a result (idata.posterior)
+    if is_result(reference):
+        found = get_group(reference, "posterior")
+        if found is None:
+            raise ValueError("The reference result has no posterior group.")
+        reference = found
     ours = list(posterior.data_vars)
     theirs = list(reference.keys())
     if var_names is None:
@@ -550,9 +603,9 @@ def _per_chain(stat: xr.DataArray) -> list[np.ndarray]:
     return [row.ravel() for row in values]
 
 
-def _sampling_time(idata: az.InferenceData) -> float:
+def _sampling_time(idata: Any) -> float:
     for group in ("posterior", "sample_stats"):
-        dataset = getattr(idata, group, None)
+        dataset = get_group(idata, group)
         if dataset is not None and "sampling_time" in dataset.attrs:
             return float(dataset.attrs["sampling_time"])
     return float("nan")

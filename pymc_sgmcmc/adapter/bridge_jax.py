@@ -19,10 +19,10 @@ from pytensor.raise_op import Assert
 from pytensor.tensor.basic import ARange
 from pytensor.tensor.shape import Shape_i
 
-from pymc_sgmcmc._precision import import_pytensor_jax
+from pymc_sgmcmc.adapter.precision import import_pytensor_jax
 
 if TYPE_CHECKING:
-    from pymc_sgmcmc.bridge import MinibatchProblem
+    from pymc_sgmcmc.adapter.bridge import MinibatchProblem
 _JAX_LOCK = threading.Lock()
 
 

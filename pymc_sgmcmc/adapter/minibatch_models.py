@@ -111,7 +111,7 @@ def _numeric_shape(var: Variable) -> tuple[int, ...]:
 def _user_stacklevel() -> int:
     """The ``stacklevel`` of a warning issued by the caller that points at the user's code (the
     first frame outside this package), however many of its functions lie in between."""
-    package = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # pymc_sgmcmc/
     frame, level = sys._getframe(1), 1  # the function that warns
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
         frame, level = frame.f_back, level + 1

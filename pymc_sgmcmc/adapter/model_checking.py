@@ -7,7 +7,7 @@ r"""Model checking at scale: pointwise log-likelihood on a subsample of rows, su
   random sample of them, or your own indices), computed a chunk of draws at a time, as an
   InferenceData ``log_likelihood`` group whose row coordinate keeps the original row numbers.
   Refuses, naming the size, when the result would exceed a memory budget.
-- :func:`~pymc_sgmcmc.loo.loo_subsample`: the PSIS-LOO elpd of all N rows estimated from m of them with the
+- :func:`~pymc_sgmcmc.adapter.loo.loo_subsample`: the PSIS-LOO elpd of all N rows estimated from m of them with the
   difference estimator of Magnusson et al. (2020): the log density at the posterior mean
   for every row (one pass over the data) plus exact PSIS-LOO on the m sampled rows, with
   the subsampling standard error. Memory: N + m × draws numbers.
@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import arviz as az
 import numpy as np
 import pymc as pm
 import pytensor
@@ -35,16 +34,22 @@ from pymc.logprob.basic import transformed_conditional_logp
 from pytensor.graph.replace import clone_replace
 from pytensor.graph.traversal import graph_inputs
 
-from pymc_sgmcmc._bridge_jax import _jaxify
-from pymc_sgmcmc._compat import moved_attribute
-from pymc_sgmcmc._minibatch_models import _data_leaf_value, _full_data_model
-from pymc_sgmcmc._precision import in_float64
-from pymc_sgmcmc.bridge import _replace_shared_scalars, _rows_to_batch_length, build_problem
+from pymc_sgmcmc.adapter.bridge import _replace_shared_scalars, _rows_to_batch_length, build_problem
+from pymc_sgmcmc.adapter.bridge_jax import _jaxify
+from pymc_sgmcmc.adapter.minibatch_models import _data_leaf_value, _full_data_model
+from pymc_sgmcmc.adapter.precision import in_float64
+from pymc_sgmcmc.adapter.results import (
+    as_dataset,
+    from_groups,
+    get_group,
+    is_result,
+    set_group,
+)
 
 __all__ = ["log_likelihood"]
 
 MEMORY_BUDGET = 2e9
-"""Default ``memory_budget`` in bytes (2 GB) of :func:`log_likelihood` and :func:`~pymc_sgmcmc.loo.loo_subsample`."""
+"""Default ``memory_budget`` in bytes (2 GB) of :func:`log_likelihood` and :func:`~pymc_sgmcmc.adapter.loo.loo_subsample`."""
 
 _CHUNK_BYTES = 64e6  # target size of one chunk's output when chunk_draws/chunk_rows are not given
 SAMPLE_DIMS = ("chain", "draw")
@@ -268,11 +273,13 @@ def _check_budget(
 
 
 def _posterior(idata: Any) -> xr.Dataset:
+    idata = as_dataset(idata)  # a posterior group given as a DataTree node
     if isinstance(idata, xr.Dataset):
         return idata
-    if not hasattr(idata, "posterior"):
-        raise ValueError("idata has no posterior group: pass the InferenceData of a sampling run.")
-    return idata.posterior
+    posterior = get_group(idata, "posterior") if is_result(idata) else None
+    if posterior is None:
+        raise ValueError("idata has no posterior group: pass the result of a sampling run.")
+    return posterior
 
 
 def _stacked_draws(posterior: xr.Dataset, lik: _RowLikelihood) -> tuple[list[np.ndarray], int]:
@@ -333,7 +340,7 @@ def _draw_chunks(lik, values, n_draws, data, kind, chunk_draws, per_draw_bytes):
 
 @in_float64
 def log_likelihood(
-    idata: az.InferenceData,
+    idata: Any,
     model: pm.Model | None = None,
     *,
     rows: int | Sequence[int] | np.ndarray | None = None,
@@ -342,7 +349,7 @@ def log_likelihood(
     extend_inferencedata: bool = False,
     chunk_draws: int | None = None,
     memory_budget: float = MEMORY_BUDGET,
-) -> az.InferenceData:
+) -> Any:
     """Pointwise log-likelihood for every posterior draw, on all rows or on a subsample.
 
     The same numbers as ``pm.compute_log_likelihood`` (the observed variables' elementwise
@@ -399,7 +406,7 @@ def log_likelihood(
     Notes
     -----
     ``az.loo`` on a subsample's log-likelihood estimates the elpd of those ``m`` rows, not of
-    all N; :func:`~pymc_sgmcmc.loo.loo_subsample` scales it to N with a standard error for the subsampling.
+    all N; :func:`~pymc_sgmcmc.adapter.loo.loo_subsample` scales it to N with a standard error for the subsampling.
     """
     model = pm.modelcontext(model)
     posterior = _posterior(idata)
@@ -426,9 +433,9 @@ def log_likelihood(
 
     dataset = _log_likelihood_dataset(model, posterior, lik, out, row_index)
     if extend_inferencedata:
-        idata.add_groups({"log_likelihood": dataset})
+        set_group(idata, "log_likelihood", dataset)
         return idata
-    return az.InferenceData(posterior=posterior, log_likelihood=dataset)
+    return from_groups({"posterior": posterior, "log_likelihood": dataset})
 
 
 def _log_likelihood_dataset(
@@ -476,7 +483,3 @@ def _log_likelihood_dataset(
         "created_by": "pymc_sgmcmc.log_likelihood",
     }
     return xr.Dataset(variables, coords=coords, attrs=attrs)
-
-
-def __getattr__(name: str) -> Any:
-    return moved_attribute(__name__, name)  # old spellings (pymc_sgmcmc._compat)

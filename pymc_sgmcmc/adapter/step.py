@@ -6,7 +6,7 @@ a chain and is reset at the start of every chain (``set_rng``). Tuning draws are
 tune step sizes; ``stop_tuning`` freezes them.
 
 JAX is touched only on the first draw. ``pm.sample`` runs the chains of these steps in the
-calling process, whatever ``cores`` (see :mod:`pymc_sgmcmc._multiprocessing`).
+calling process, whatever ``cores`` (see :mod:`pymc_sgmcmc.adapter.chains_in_process`).
 """
 
 from __future__ import annotations
@@ -26,12 +26,11 @@ from pymc.step_methods.state import dataclass_state
 from pymc.util import get_random_generator
 
 from pymc_sgmcmc._check_glue import SelfCheckGlue
-from pymc_sgmcmc._compat import moved_attribute
 from pymc_sgmcmc._data_glue import DataGlue
 from pymc_sgmcmc._local_glue import LocalVariablesGlue
 from pymc_sgmcmc._precision import Float64Methods
 from pymc_sgmcmc._tuning_glue import AutomaticTuning, ExactMALA, ModeSearch
-from pymc_sgmcmc.bridge import MinibatchProblem, build_problem, check_finite_rows
+from pymc_sgmcmc.adapter.bridge import MinibatchProblem, build_problem, check_finite_rows
 from pymc_sgmcmc.distributed import (
     ShardLayout,
     as_shards,
@@ -260,7 +259,7 @@ class SGMCMCStep(
         # NaN for the stochastic-gradient updates.
         "acceptance_rate": (np.float64, []),
         # JSON of the tuned settings on a chain's first draw after tuning, else "" (moved
-        # from sample_stats into the attrs by pm.sample; see pymc_sgmcmc._hooks).
+        # from sample_stats into the attrs by pm.sample; see pymc_sgmcmc.adapter.hooks).
         "sgmcmc_tuned": (object, None),
         # The self-check's terms of a sampling draw (a small array; moved out of sample_stats
         # by pm.sample into the sgmcmc_diagnostics attrs, see pymc_sgmcmc.diagnostics).
@@ -274,6 +273,7 @@ class SGMCMCStep(
         "stop_tuning",
         "reset_tuning",
         "set_rng",
+        "setup_chain",
         "variational_parameters",
         "injected_noise",
         "_compile",
@@ -483,10 +483,12 @@ class SGMCMCStep(
         # Never auto-assigned: an SG sampler runs only when the user names it.
         return Competence.INCOMPATIBLE
 
-    def set_rng(self, rng: Any) -> None:
-        # PyMC calls set_rng exactly once at the start of each chain (sequential and in each
-        # worker process): the kernel state starts afresh from that chain's initial point.
-        super().set_rng(rng)
+    def setup_chain(self, rng: Any, tune: int = 0, draws: int = 0) -> None:
+        """The start of a chain: its generator, and the kernel state starts afresh from the
+        chain's initial point. PyMC 6 calls it once per chain (``BlockedStep.setup_chain``),
+        PyMC 5 calls :meth:`set_rng`; ``tune`` and ``draws`` are not used (the tuning ends at
+        :meth:`stop_tuning`, as PyMC calls it)."""
+        self.rng = get_random_generator(rng, copy=False)
         self.chain_state = None
         self._shrink = 1.0
         self._stopped = None
@@ -501,6 +503,10 @@ class SGMCMCStep(
             if self.exact:
                 self._mala = StepSizeAdaptation(initial_mala_step(self.problem.dim))
         self._reset_tuning()
+
+    def set_rng(self, rng: Any) -> None:
+        """PyMC 5's start of a chain: :meth:`setup_chain`."""
+        self.setup_chain(rng)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -572,7 +578,7 @@ class SGMCMCStep(
 
     def settings(self) -> dict[str, Any]:
         """The sampler's settings and tuned values, JSON-ready; ``pm.sample`` stores them in
-        the ``posterior`` and ``sample_stats`` attrs (see ``pymc_sgmcmc._hooks``)."""
+        the ``posterior`` and ``sample_stats`` attrs (see ``pymc_sgmcmc.adapter.hooks``)."""
         return {
             "sampler": type(self).__name__,
             "batch_size": self.batch_size,
@@ -806,7 +812,7 @@ class SGMCMCStep(
         ``(point, [stats])`` as :meth:`step` does."""
         if self._stopped is not None:
             # The previous draw diverged while sampling: the chain ends here (pm.sample keeps
-            # the draws so far; see pymc_sgmcmc._hooks).
+            # the draws so far; see pymc_sgmcmc.adapter.hooks).
             raise DivergenceError(self._stopped, draw=self._draw_index - 1, stopped_chain=True)
         compiled = self._compile()
         jax = compiled["jax"]
@@ -932,7 +938,7 @@ class SGMCMCStep(
             self.chain_settings[-1] = {**self.settings(), "tuned": not self.tune}
             if not self.tune:
                 # Final: also sent with the draw's stats, so that chains sampled in worker
-                # processes report it (pymc_sgmcmc._hooks moves it into the attrs).
+                # processes report it (pymc_sgmcmc.adapter.hooks moves it into the attrs).
                 stats["sgmcmc_tuned"] = json.dumps(self.chain_settings[-1], default=_jsonable)
         stats.update(self._extra_stats(state))
         stats["tune"] = bool(self.tune)
@@ -1032,7 +1038,3 @@ def _preconditioner_summary(precond: Any) -> dict[str, Any]:
         "preconditioner_diagonal_mean": float(diag.mean()),
         "preconditioner_diagonal_max": float(diag.max()),
     }
-
-
-def __getattr__(name: str) -> Any:
-    return moved_attribute(__name__, name)  # old spellings (pymc_sgmcmc._compat)
