@@ -7,6 +7,7 @@ package's scope.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -104,3 +105,53 @@ def test_the_users_x64_setting_is_left_as_it_was(tmp_path):
     assert out["pymc_jax"] == [True, "float64"]
     # a step computes in its own model's dtype, whatever floatX is when it samples
     assert out["model_dtype"] == [True, True]
+
+
+_NUTS = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np, pymc as pm
+    if sys.argv[1] == "with":
+        import pymc_sgmcmc  # noqa: F401
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=200)
+    y = 1.0 + 2.0 * x + rng.normal(size=200)
+    out = {}
+    for sampler in sys.argv[2:]:
+        with pm.Model():
+            a = pm.Normal("a", 0, 10)
+            b = pm.Normal("b", 0, 10)
+            s = pm.HalfNormal("s", 2)
+            pm.Normal("y", a + b * x, s, observed=y)
+            idata = pm.sample(draws=50, tune=50, chains=1, nuts_sampler=sampler,
+                              random_seed=3, progressbar=False,
+                              compute_convergence_checks=False)
+        post = idata["posterior"]
+        out[sampler] = [post["b"].values.ravel().tolist(), str(post["b"].dtype)]
+    print("RESULT" + json.dumps(out))
+    """
+)
+
+
+def test_pymcs_external_nuts_samplers_are_unaffected_by_importing_the_package(tmp_path):
+    """PyMC's NUTS through numpyro (and nutpie where installed) draws the same, bit for bit,
+    whether or not pymc_sgmcmc was imported first (it imports PyTensor's JAX backend and
+    wraps pm.sample's internals): each run in a fresh interpreter."""
+    samplers = ["numpyro"]
+    if importlib.util.find_spec("nutpie") is not None:
+        samplers.append("nutpie")
+    script = tmp_path / "nuts.py"
+    script.write_text(_NUTS)
+    results = []
+    for imported in ("with", "without"):
+        run = subprocess.run(
+            [sys.executable, str(script), imported, *samplers],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        line = next(ln for ln in run.stdout.splitlines() if ln.startswith("RESULT"))
+        results.append(json.loads(line[len("RESULT") :]))
+    assert results[0] == results[1]
+    assert all(dtype == "float64" for _, dtype in results[0].values())
