@@ -30,7 +30,6 @@ __all__ = [
     "Float64Methods",
     "callers_x64",
     "float64_scope",
-    "in_float64_of_step",
     "step_dtype",
 ]
 
@@ -45,13 +44,6 @@ def float64_scope(dtype: str | None) -> contextlib.AbstractContextManager:
     if dtype != "float64":
         return contextlib.nullcontext()
     return jax.enable_x64(True)
-
-
-def in_float64_of_step(function: F) -> F:
-    """``function(..., step=...)`` (or with the step first) run inside :func:`float64_scope`
-    of the step's model's dtype — the ``floatX`` the model was built with, not the current
-    one (the current one for a step not bound to a model yet)."""
-    return _scoped(function, lambda *args, **kwargs: step_dtype(kwargs.get("step", args[:1])))
 
 
 def step_dtype(step: Any) -> str | None:

@@ -23,7 +23,7 @@ import pytensor
 
 import pymc_sgmcmc._precision as _precision
 
-__all__ = ["float64_scope", "import_pytensor_jax", "in_float64"]
+__all__ = ["float64_scope", "import_pytensor_jax", "in_float64", "in_float64_of_step"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -37,6 +37,18 @@ def float64_scope(dtype: str | None = None) -> contextlib.AbstractContextManager
 def in_float64(function: F) -> F:
     """``function`` run inside :func:`float64_scope` (PyTensor's current ``floatX``)."""
     return _precision._scoped(function, lambda *args, **kwargs: str(pytensor.config.floatX))
+
+
+def in_float64_of_step(function: F) -> F:
+    """``function(..., step=...)`` (or with the step first) inside :func:`float64_scope` of
+    the step's model's dtype (:func:`pymc_sgmcmc._precision.step_dtype`), or of PyTensor's
+    current ``floatX`` for a step not bound to a model yet (it is bound to one built now)."""
+
+    def dtype(*args: Any, **kwargs: Any) -> str:
+        step = kwargs.get("step", args[:1])
+        return _precision.step_dtype(step) or str(pytensor.config.floatX)
+
+    return _precision._scoped(function, dtype)
 
 
 def import_pytensor_jax() -> Any:

@@ -48,8 +48,8 @@ from pymc.util import get_random_generator
 from pymc_sgmcmc._chain_engine import _chain_groups
 from pymc_sgmcmc._chain_processes import run_in_processes
 from pymc_sgmcmc._chain_run import _adopt_last_chain, tune_and_sample
-from pymc_sgmcmc._precision import in_float64_of_step
 from pymc_sgmcmc.adapter.hooks import _DIVERGED, _STEPS
+from pymc_sgmcmc.adapter.precision import in_float64_of_step
 from pymc_sgmcmc.adapter.step import SGMCMCStep, bind_steps
 from pymc_sgmcmc.errors import DivergenceError, ModelNotSupportedError
 
