@@ -19,9 +19,10 @@ import time
 import numpy as np
 import pymc as pm
 import pytest
-from stack import result_type
+from stack import groups, result_type
 
 import pymc_sgmcmc as pmsg
+from pymc_sgmcmc.adapter.hooks import NoDrawsError
 
 N, B = 400, 40  # thin = N / B = 10 inner iterations per draw
 SAMPLE = dict(chains=1, cores=1, progressbar=False, compute_convergence_checks=False)
@@ -378,3 +379,31 @@ def test_sigint_in_a_chain_stops_the_run_and_keeps_its_draws():
     assert done.returncode == 0, done.stderr[-3000:]
     assert "SHAPE 1 91 2" in done.stdout, done.stdout + done.stderr[-3000:]
     assert "interrupted in chain 0 after 101 draws" in done.stderr
+
+
+@pytest.mark.parametrize("driver", ["pm.sample", "vectorized", "processes"])
+def test_ctrl_c_while_every_chain_tunes_says_so_or_returns_the_tuning_draws(driver):
+    """Ctrl-C (a KeyboardInterrupt from the callback, as a terminal's) in the 6th of 10
+    tuning draws: with the tuning draws discarded there is nothing to return, and the error
+    says so and what to pass (PyMC's own says "Not enough samples to build a trace"); with
+    discard_tuned_samples=False the tuning draws come back."""
+
+    def callback(trace, draw):
+        if draw.draw_idx == 5:
+            raise KeyboardInterrupt
+
+    def run(**kwargs):
+        kwargs = dict(draws=20, tune=10, chains=2, random_seed=1, callback=callback, **kwargs)
+        kwargs.update(progressbar=False, compute_convergence_checks=False)
+        step = pmsg.SGLD(batch_size=B)
+        if driver == "pm.sample":
+            return pm.sample(step=step, cores=1, **kwargs)
+        return pmsg.sample(step=step, chain_method=driver, cores=2, **kwargs)
+
+    with regression_model():
+        with pytest.raises(NoDrawsError, match=r"no chain got past tuning.*discard_tuned"):
+            run()
+        idata = run(discard_tuned_samples=False)
+    warmup = idata["warmup_posterior"]["beta"].values
+    assert warmup.shape[1] >= 5 and np.all(np.isfinite(warmup))
+    assert "posterior" not in groups(idata) or idata["posterior"]["beta"].shape[1] == 0

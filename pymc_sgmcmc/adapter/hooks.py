@@ -133,6 +133,33 @@ def _refuse_pymc_steps_on_minibatches(model: Any, provided: list, result: Any) -
         )
 
 
+class NoDrawsError(ValueError):
+    """A run stopped (Ctrl-C) before any chain got past tuning, with the tuning draws
+    discarded: there is nothing to return."""
+
+
+def _refuse_a_run_stopped_in_tuning(kwargs: dict, interrupted: tuple | None) -> None:
+    """Before PyMC's ``_sample_return``: a run stopped while every chain was still tuning,
+    with ``discard_tuned_samples=True``, gets an error that says so (PyMC's own is "Not
+    enough samples to build a trace"); with ``False`` the tuning draws come back as usual."""
+    traces, tune = kwargs.get("traces"), int(kwargs.get("tune") or 0)
+    if not kwargs.get("discard_tuned_samples", True) or not traces or tune == 0:
+        return
+    try:
+        lengths = [len(trace) for trace in traces]
+    except TypeError:  # a trace backend without len()
+        return
+    if max(lengths) > tune:
+        return
+    where = f" (chain {interrupted[0]} at draw {interrupted[1]})" if interrupted is not None else ""
+    raise NoDrawsError(
+        f"Sampling was interrupted{where} while every chain was still tuning ({max(lengths)} "
+        f"of {tune} tuning draws at most): no chain got past tuning, so there are no draws to "
+        "return. Pass discard_tuned_samples=False to get the tuning draws back, or let the "
+        "tuning finish (tune= sets its length)."
+    )
+
+
 def _pop_stat(result: Any, name: str) -> dict[str, np.ndarray]:
     """The values of the stat ``name`` in ``warmup_sample_stats`` and ``sample_stats`` (by
     group), which is then dropped from them, with any dimension of its own."""
@@ -405,6 +432,8 @@ def install(step_classes: Sequence[type] = ()) -> None:
         _DIVERGED.set(None)
         interrupted = _INTERRUPTED.get()
         _INTERRUPTED.set(None)
+        if steps:
+            _refuse_a_run_stopped_in_tuning(kwargs, interrupted)
         if interrupted is not None:
             chain, done = interrupted
             logging.getLogger("pymc").warning(
