@@ -26,7 +26,12 @@ from pymc_sgmcmc.adapter.sampling import sample
 from pymc_sgmcmc.adapter.step import SGMCMCStep
 from pymc_sgmcmc.constant_sgd import ConstantSGD
 from pymc_sgmcmc.distributed import RowShard
-from pymc_sgmcmc.errors import DataShapeError, DivergenceError, ModelNotSupportedError
+from pymc_sgmcmc.errors import (
+    DataShapeError,
+    DivergenceError,
+    ModelNotSupportedError,
+    NoDrawsError,
+)
 from pymc_sgmcmc.iasg import IASG
 from pymc_sgmcmc.registry import SAMPLERS
 from pymc_sgmcmc.sgfs import SGFS
@@ -51,6 +56,7 @@ __all__ = [
     "LooSubsample",
     "MinibatchProblem",
     "ModelNotSupportedError",
+    "NoDrawsError",
     "RowShard",
     "SGMCMCStep",
     "build_problem",

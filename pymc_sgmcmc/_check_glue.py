@@ -10,10 +10,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import numpy as np
 
 from pymc_sgmcmc.diagnostics import MAX_CHECKED, check_indices, predicted_sd_ratio
+from pymc_sgmcmc.draws import full_data_logdensity
+from pymc_sgmcmc.tuning.marginal import solve_columns
 from pymc_sgmcmc.tuning.whitening import Whitening
+
+# The globals whose marginal the self-check tests with the joint curvature: with local
+# variables every sampled coordinate (up to MAX_GLOBALS); without, under a diagonal whitening,
+# the coordinates of the small variables (at most GLOBAL_VARIABLE_MAX coordinates each:
+# intercepts, slopes, scales) when larger ones (group effects) are sampled beside them.
+GLOBAL_VARIABLE_MAX = 16
+MAX_GLOBALS = 64
 
 __all__ = ["SelfCheckGlue"]
 
@@ -32,27 +42,70 @@ class SelfCheckGlue:
         return check_indices(list(self.hybrid.layout.sizes), limit=room)
 
     def _local_names(self) -> list[str]:
+        """The locals' coordinate labels (``u[county]``: the model's names and coords)."""
         if self.hybrid is None:
             return []
-        layout = self.hybrid.layout
-        names = []
-        for name, shape in zip(layout.names, layout.shapes, strict=True):
-            if not shape:
-                names.append(name)
-            else:
-                names.extend(f"{name}[{','.join(map(str, i))}]" for i in np.ndindex(*shape))
-        return names
+        return self.problem.labels(self.hybrid.layout.names)
 
     def _coordinate_names(self) -> list[str]:
-        names = []
-        for info in self.problem.var_infos:
-            if info.size == 1 and not info.shape:
-                names.append(info.name)
-            else:
-                names.extend(
-                    f"{info.name}[{','.join(map(str, idx))}]" for idx in np.ndindex(*info.shape)
-                )
-        return names
+        """The sampled coordinates' labels as ArviZ shows them (``beta[age]``;
+        ``log(sigma)`` for a transformed variable)."""
+        return self.problem.labels()
+
+    def _global_indices(self) -> np.ndarray:
+        """The raveled coordinates whose *marginal* the self-check tests with the joint
+        curvature (:mod:`pymc_sgmcmc.tuning.marginal`): where the check's own metric sees
+        only their conditional — with local variables (q fitted at given globals), and under
+        a diagonal whitening with group effects beside them. Empty where the data are
+        streamed or sharded (no full-data pass to measure it) or locals follow the rows."""
+        problem = self.problem
+        sharded = self.devices not in (None, 1, "chains")
+        if self.streaming or sharded or problem.row_local_names:
+            return np.zeros(0, dtype=int)
+        sizes = [info.size for info in problem.var_infos]
+        if self.hybrid is not None and problem.dim <= MAX_GLOBALS:
+            return np.arange(problem.dim)
+        if self.hybrid is None and (
+            self.whitening_kind == "dense" or max(sizes, default=0) <= GLOBAL_VARIABLE_MAX
+        ):
+            return np.zeros(0, dtype=int)
+        out, start = [], 0
+        for size in sizes:
+            if size <= GLOBAL_VARIABLE_MAX:
+                out.extend(range(start, start + size))
+            start += size
+        return np.asarray(out[:MAX_GLOBALS], dtype=int)
+
+    def _joint_dim(self) -> int:
+        """Coordinates of the joint the marginal check's curvature is taken in: the sampled
+        ones, then the local variables' (raveled as ``hybrid.layout``)."""
+        local = self.hybrid.layout.size if self.hybrid is not None else 0
+        return self.problem.dim + local
+
+    def _marginal_columns_function(self, fns: dict, data: Any, n: int, b: int) -> Any:
+        """Jitted ``(point, fixed, data, diagonal) -> ColumnSolve``: the globals' columns of
+        the inverse curvature of the full-data joint density at ``point`` (the sampled
+        coordinates, then the locals'), or None without globals to check."""
+        idx = self._global_indices()
+        if idx.size == 0:
+            return None
+        logdensity = full_data_logdensity(fns, n, b)
+        dim, hybrid = self.problem.dim, self.hybrid
+
+        def negative(point, fixed, data):
+            if hybrid is None:
+                return -logdensity(point, fixed, data)
+            return -logdensity(point[:dim], hybrid.layout.insert(fixed, point[dim:]), data)
+
+        def columns(point, fixed, data, diagonal):
+            grad = jax.grad(negative)
+
+            def hvp(v):
+                return jax.jvp(lambda x: grad(x, fixed, data), (point,), (v,))[1]
+
+            return solve_columns(hvp, diagonal, jax.numpy.asarray(idx))
+
+        return jax.jit(columns)
 
     def _check_params(self) -> dict[str, np.ndarray]:
         dtype, dim = self.problem.dtype, self.problem.dim
@@ -64,6 +117,9 @@ class SelfCheckGlue:
                 "check_centre": zeros,
                 "check_grad": zeros,
                 "check_cov": np.zeros((dim, dim) if dense else dim, dtype=dtype),
+                "check_rows": np.zeros(
+                    (self._joint_dim(), self._global_indices().size), dtype=dtype
+                ),
             }
         return {k: np.asarray(v, dtype=dtype) for k, v in check.items()}
 
@@ -94,13 +150,20 @@ class SelfCheckGlue:
                 "check_centre": centre,
                 "check_grad": np.zeros(dim),
                 "check_cov": np.zeros((dim, dim) if dense else dim),
+                "check_rows": np.zeros((self._joint_dim(), self._global_indices().size)),
             }
             self._check_report = {}
             return
         grad = np.zeros(dim)
         if compiled.get("full_grad") is not None and not self.exact and self.hybrid is None:
             grad = np.asarray(compiled["full_grad"](centre, fixed, compiled["data"]))
-        self._check = {"check_centre": centre, "check_grad": grad, "check_cov": cov}
+        rows, marginal = self._marginal_check(compiled, state, fixed, cov)
+        self._check = {
+            "check_centre": centre,
+            "check_grad": grad,
+            "check_cov": cov,
+            "check_rows": rows,
+        }
         idx = self._check_indices()
         names = self._coordinate_names()
         diag = np.diag(cov) if np.ndim(cov) == 2 else np.asarray(cov)
@@ -114,6 +177,8 @@ class SelfCheckGlue:
                 "metric": "dense" if np.ndim(cov) == 2 else "diagonal",
             }
         }
+        if marginal is not None:
+            report["check"]["marginal"] = marginal
         tuner = self.tuner
         averaged = tuner is not None and tuner.curvature.value is not None
         if (
@@ -142,6 +207,42 @@ class SelfCheckGlue:
                 ratio = ratio / np.sqrt(self.temperature)
                 report["predicted_sd_ratio"] = ratio[idx].tolist()
         self._check_report = report
+
+    def _marginal_check(
+        self, compiled: dict, state: Any, fixed: tuple, cov: Any
+    ) -> tuple[np.ndarray, dict[str, Any] | None]:
+        """The globals' columns ``R`` of the joint curvature's inverse at the chain's position
+        (and q's mean for the locals), and what the check needs to read their terms: names,
+        ``[H⁻¹]_gg`` (their marginal variances under that curvature) and the direction of
+        largest marginal variance. Zeros and None without globals to check."""
+        g_idx = self._global_indices()
+        rows = np.zeros((self._joint_dim(), g_idx.size))
+        solve = compiled.get("marginal_columns")
+        if g_idx.size == 0 or solve is None:
+            return rows, None
+        dim = self.problem.dim
+        variances = np.diag(cov) if np.ndim(cov) == 2 else np.asarray(cov)
+        point = np.asarray(state.position, dtype=np.float64)[:dim]
+        diagonal = 1.0 / np.maximum(variances, 1e-300)
+        if self.hybrid is not None:
+            mean, sd = self.hybrid.moments(state.position, state.local["params"], fixed)
+            point = np.concatenate([point, np.asarray(mean, dtype=np.float64)])
+            sd = np.asarray(sd, dtype=np.float64)
+            diagonal = np.concatenate([diagonal, 1.0 / np.maximum(sd * sd, 1e-300)])
+        solved = solve(point, fixed, compiled["data"], diagonal)
+        rows = np.asarray(solved.columns, dtype=np.float64)
+        covariance = 0.5 * (rows[g_idx] + rows[g_idx].T)  # [H⁻¹]_gg, the globals' marginal
+        values, vectors = np.linalg.eigh(covariance)
+        names = self._coordinate_names()
+        return rows, {
+            "names": [names[i] for i in g_idx],
+            "cov_diag": np.diag(covariance).tolist(),
+            "direction": vectors[:, -1].tolist(),
+            "direction_variance": float(values[-1]),
+            "conditional_cov_diag": variances[g_idx].tolist(),
+            "cg_iterations": int(solved.iterations),
+            "cg_residual": float(solved.residual),
+        }
 
     def _check_momentum(self) -> float | None:
         """The damping μ the self-check's predicted covariance models (None: no momentum)."""

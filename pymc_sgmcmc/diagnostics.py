@@ -51,6 +51,7 @@ import json
 import logging
 import math
 import os
+import re
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -235,7 +236,7 @@ def check_draws(
     pooled: dict[str, tuple[float, float]] = {}
     groups: dict[str, list[int]] = {}
     for j, name in enumerate(names):
-        groups.setdefault(name.split("[")[0], []).append(j)
+        groups.setdefault(re.sub(r"\[.*\]", "", name), []).append(j)
     z_var = float(norm.ppf(1.0 - FAMILY_WISE_RATE / (2.0 * max(len(groups), 1))))
     for var, members in groups.items():
         if len(members) < 2:
@@ -323,18 +324,18 @@ def _directional_stein(
     return out
 
 
-def _split_check_stat(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(chains, draws)`` object array of per-draw ``[θ_sub, u_sub]`` vectors (None in
-    tuning) → two ``(chains, draws, k)`` arrays, keeping the draws every chain has."""
+def _stacked_check_stat(values: np.ndarray) -> np.ndarray | None:
+    """``(chains, draws)`` object array of per-draw vectors (None in tuning), or PyMC's
+    numeric stacking of them, as one ``(chains, draws, width)`` array of the draws every
+    chain has (None when there are none)."""
     if values.dtype != object:
-        # PyMC stacks equal-length arrays into a numeric (chains, draws, 2k) stat.
+        # PyMC stacks equal-length arrays into a numeric (chains, draws, width) stat.
         if values.ndim != 3 or values.shape[1] == 0:
             return None
-        k = values.shape[-1] // 2
         stacked = np.asarray(values, dtype=np.float64)
         keep = np.all(np.isfinite(stacked), axis=(0, 2))
         stacked = stacked[:, keep]
-        return (stacked[..., :k], stacked[..., k:]) if stacked.shape[1] else None
+        return stacked if stacked.shape[1] else None
     rows = []
     for chain in values:
         kept = [np.asarray(v, dtype=np.float64) for v in chain if isinstance(v, np.ndarray)]
@@ -342,9 +343,24 @@ def _split_check_stat(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | Non
     if not rows or min(len(r) for r in rows) == 0:
         return None
     length = min(len(r) for r in rows)
-    stacked = np.stack([np.stack(r[:length]) for r in rows])  # (chains, draws, 2k)
-    k = stacked.shape[-1] // 2
-    return stacked[..., :k], stacked[..., k:]
+    return np.stack([np.stack(r[:length]) for r in rows])
+
+
+def _split_check_stat(
+    values: np.ndarray, marginal: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """The ``sgmcmc_check`` stat as ``(positions, terms)`` of the checked coordinates and
+    ``(positions, terms)`` of the ``marginal`` globals (its last ``2·marginal`` columns),
+    each ``(chains, draws, k)``."""
+    stacked = _stacked_check_stat(values)
+    if stacked is None:
+        return None
+    main, last = (
+        stacked[..., : stacked.shape[-1] - 2 * marginal],
+        stacked[..., stacked.shape[-1] - 2 * marginal :],
+    )
+    k = main.shape[-1] // 2
+    return main[..., :k], main[..., k:], last[..., :marginal], last[..., marginal:]
 
 
 def run_checks(
@@ -379,7 +395,8 @@ def run_checks(
         if bad:
             messages.append(
                 "the tuned step and noise predict posterior sds off by more than "
-                f"{PREDICTED_SD_TOLERANCE:.0%} for {_shorten(bad)} (predicted sd ratio)"
+                f"{PREDICTED_SD_TOLERANCE:.0%} for {_shorten(bad)} (predicted sd ratio): "
+                f"{_other_sampler(entry)}"
             )
     overdispersed = [
         c.get("fisher_ratio_max")
@@ -390,9 +407,10 @@ def run_checks(
         report["fisher_ratio_max"] = float(max(overdispersed))
     # 2–3. Stein's identity and movement on the draws
     if check is not None and info is not None:
-        split = _split_check_stat(check)
+        marginal = info.get("marginal")
+        split = _split_check_stat(check, len(marginal["names"]) if marginal else 0)
         if split is not None:
-            positions, gradients = split
+            positions, gradients, global_positions, global_terms = split
             passes = (
                 float(entry.get("thin", 1))
                 * float(entry.get("batch_size", 1))
@@ -425,7 +443,7 @@ def run_checks(
                 }
                 messages.append(
                     f"Stein's identity fails for {_shorten(found)}: the draws do not match "
-                    "the posterior there"
+                    f"the posterior there; {_other_sampler(entry)}"
                 )
             if stats.get("stuck"):
                 step = entry.get("step_size")
@@ -434,6 +452,16 @@ def run_checks(
                     f"≥ {MAX_RELAXATION_PASSES:.0f} data passes; step_size={step}): use "
                     "step_size='auto', more draws, or a larger batch_size"
                 )
+            if marginal and global_positions.shape[-1]:
+                report["marginal"] = check_marginal(
+                    global_positions,
+                    global_terms,
+                    chains,
+                    passes,
+                    temperature=float(entry.get("temperature", 1.0) or 1.0),
+                    ess=ess,
+                )
+                messages.extend(_marginal_messages(report["marginal"], entry))
     report["ok"] = not messages
     log = os.environ.get("PMSG_CHECK_LOG")
     if log:
@@ -450,12 +478,100 @@ def run_checks(
     if messages and warn:
         sampler = (entry or {}).get("sampler", "The SG sampler")
         warnings.warn(
-            f"{sampler} self-check: " + "; ".join(messages) + ". See "
-            "idata.sample_stats.attrs['sgmcmc_diagnostics'] and the docs' reliability page.",
+            f"{sampler} self-check: " + "; ".join(messages) + ". (The numbers: "
+            "idata.sample_stats.attrs['sgmcmc_diagnostics']; docs: reliability.)",
             SGMCMCCheckWarning,
             stacklevel=3,
         )
     return report
+
+
+def check_marginal(
+    positions: np.ndarray,
+    terms: np.ndarray,
+    chains: Sequence[dict],
+    passes_per_draw: float,
+    temperature: float = 1.0,
+    *,
+    ess: ESS,
+) -> dict[str, Any]:
+    r"""The globals' marginal: Stein's identity with the joint curvature, and movement along
+    the direction of their largest marginal variance.
+
+    ``terms`` are :math:`r_g\cdot\nabla\log p` at each draw, with :math:`r_g` the columns of
+    the inverse of the joint curvature :math:`H` (globals and group effects; with
+    ``local_vars`` the gradient is the joint density's at the draw of the locals). With
+    :math:`M = H^{-1}` the identity's term for a global has mean 1 under the posterior,
+    whatever its shape, and on a Gaussian posterior it is the draws' *marginal* variance over
+    :math:`[H^{-1}]_{gg}` — where a diagonal metric, or q fitted at given globals, measures
+    the conditional (:mod:`pymc_sgmcmc.tuning.marginal`). The tolerances are those of
+    :func:`check_draws`. Movement: the draws projected on the leading eigenvector ``w`` of
+    :math:`[H^{-1}]_{gg}` (the ridge the globals and the group effects move along), mean
+    squared jump over :math:`2 w^\top [H^{-1}]_{gg} w`, as the movement check does per
+    coordinate; the chain does not explore the marginal when its relaxation time along
+    ``w`` exceeds :data:`MAX_RELAXATION_PASSES` data passes."""
+    info = chains[0]["check"]["marginal"]
+    names = info["names"]
+    cov_diag = np.mean([np.asarray(c["check"]["marginal"]["cov_diag"]) for c in chains], axis=0)
+    out = check_draws(
+        positions, terms, cov_diag, names, passes_per_draw, temperature=temperature, ess=ess
+    )
+    direction = np.asarray(info["direction"], dtype=np.float64)
+    variance = float(info["direction_variance"]) * float(temperature)
+    if positions.shape[1] >= 20 and variance > 0:
+        projected = positions @ direction  # (chains, draws)
+        jumps = np.diff(projected, axis=1) ** 2 / (2.0 * variance)
+        relax = passes_per_draw / np.maximum(jumps.mean(axis=1), 1e-300)
+        out["ridge_relaxation_passes"] = float(relax.max())
+        loadings = np.argsort(-np.abs(direction))[:3]
+        out["ridge_along"] = [names[j] for j in loadings]
+        out["ridge_stuck"] = bool(relax.max() > MAX_RELAXATION_PASSES)
+    draws = positions.reshape(-1, positions.shape[-1])
+    if draws.shape[0] > 1:
+        out["laplace_variance_ratio"] = {
+            name: round(float(v), 4)
+            for name, v in zip(names, draws.var(axis=0, ddof=1) / cov_diag, strict=True)
+        }
+    out["cg_iterations"] = info.get("cg_iterations")
+    return out
+
+
+def _marginal_messages(marginal: dict[str, Any], entry: dict) -> list[str]:
+    """The warnings of :func:`check_marginal`, each naming what to try next."""
+    messages = []
+    locals_ = bool(entry.get("local_vars"))
+    if locals_:
+        fix = (
+            "q(locals) is fitted at given globals, so the globals' draws miss their coupling "
+            "with the locals: sample the locals (drop local_vars=), or check against NUTS"
+        )
+    else:
+        fix = (
+            "the draws follow the globals' conditional given the group effects, not their "
+            "marginal: use ConstantSGD() or SGLD(), more draws, or a larger batch_size"
+        )
+    if marginal.get("stein_flagged"):
+        found = {
+            n: f"marginal variance ratio {marginal['stein_ratio'][n]:.2f}, mean off by "
+            f"{marginal['mean_shift_sd'][n]:+.2f} sd"
+            for n in marginal["stein_flagged"]
+        }
+        messages.append(f"the globals' marginal is off for {_shorten(found)}: {fix}")
+    if marginal.get("ridge_stuck"):
+        messages.append(
+            f"the chains barely move along the ridge of {', '.join(marginal['ridge_along'])} "
+            f"with the group effects (relaxation {marginal['ridge_relaxation_passes']:.0f} "
+            f"data passes ≥ {MAX_RELAXATION_PASSES:.0f}): {fix}"
+        )
+    return messages
+
+
+def _other_sampler(entry: dict | None) -> str:
+    """What to try next when the draws do not match: a sampler whose defaults hold where
+    this one's failed (docs/choosing.md), more draws, or larger batches."""
+    sampler = (entry or {}).get("sampler")
+    other = "SGLD()" if sampler in ("IASG", "ConstantSGD", "SGFS", "SGHMC") else "ConstantSGD()"
+    return f"try {other}, more draws, or a larger batch_size"
 
 
 def _shorten(items: Any, limit: int = 6) -> str:

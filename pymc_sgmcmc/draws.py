@@ -86,6 +86,7 @@ class DrawPlan:
     check_idx: Any
     local_idx: Any
     row_locals: bool  # local variables indexed by row: no self-check terms
+    global_idx: Any  # the globals whose marginal the check tests (diagnostics), maybe empty
 
 
 def draw_functions(plan: DrawPlan, sharded: ShardedData | None) -> dict[str, Callable]:
@@ -164,27 +165,36 @@ def _finish(plan: DrawPlan) -> Callable:
 def _check_terms(plan: DrawPlan) -> Callable:
     fns, hybrid, dim = plan.fns, plan.hybrid, plan.dim
     n, b, scheme = plan.n, plan.b, plan.scheme
-    check_idx, local_idx = plan.check_idx, plan.local_idx
+    check_idx, local_idx, global_idx = plan.check_idx, plan.local_idx, plan.global_idx
     loglik_rows = fns["loglik_rows"]
     prior_grad = jax.grad(fns["logprior"])
 
     def batch_grad(position, fixed, batch):
         return jax.grad(lambda th: jnp.sum(loglik_rows(th, fixed, batch)))(position)
 
+    def marginal_terms(theta, grad, params):
+        """``[θ_g, r_g · ∇log p]`` for the globals, ``r_g`` the columns of the joint
+        curvature's inverse (``check_rows``, :mod:`pymc_sgmcmc.tuning.marginal`); empty
+        without globals."""
+        if global_idx.shape[0] == 0:
+            return jnp.zeros((0,), dtype=theta.dtype)
+        return jnp.concatenate([theta[global_idx], params["check_rows"].T @ grad])
+
     def check_terms(state, emitted, fixed, data, params, key):
         """``[θ_k, (A⁻¹∇log p(θ))_k]`` at the saved draw for the checked coordinates
-        (:mod:`pymc_sgmcmc.diagnostics`): the exact gradient for MALA; else a minibatch
-        estimate with an SVRG control variate at the centre (whose full-data gradient
-        ``check_grad`` was taken once after tuning), or with local variables the joint
-        density's gradient at the draw of the locals."""
+        (:mod:`pymc_sgmcmc.diagnostics`), then ``[θ_g, r_g·∇log p]`` for the globals: the
+        exact gradient for MALA; else a minibatch estimate with an SVRG control variate at
+        the centre (whose full-data gradient ``check_grad`` was taken once after tuning), or
+        with local variables the joint density's gradient at the draw of the locals."""
         theta = emitted[:dim]
         if plan.exact:
             grad = state.grad
         elif hybrid is not None:
             # The joint density's gradient at (θ, z) for the globals and, with M = I, for
             # the checked locals: Stein's identity in θ alone holds for any draws whose
-            # θ | z is right, so the locals' coordinates are what can see a wrong q.
-            width = 2 * (check_idx.shape[0] + local_idx.shape[0])
+            # θ | z is right, so the locals' coordinates are what can see a wrong q; the
+            # globals' marginal terms take the joint gradient in (θ, z).
+            width = 2 * (check_idx.shape[0] + local_idx.shape[0] + global_idx.shape[0])
             if plan.row_locals:
                 return jnp.full((width,), jnp.nan, dtype=theta.dtype)
             z = emitted[dim:]
@@ -197,8 +207,15 @@ def _check_terms(plan: DrawPlan) -> Callable:
 
             grad, grad_z = jax.grad(joint, argnums=(0, 1))(theta, z)
             u = apply_preconditioner(params["check_cov"], grad)
+            both = jnp.concatenate([grad, grad_z])
             return jnp.concatenate(
-                [theta[check_idx], z[local_idx], u[check_idx], grad_z[local_idx]]
+                [
+                    theta[check_idx],
+                    z[local_idx],
+                    u[check_idx],
+                    grad_z[local_idx],
+                    marginal_terms(theta, both, params),
+                ]
             )
         else:
             batch = draw_minibatch(key, data, n, b, scheme)
@@ -206,9 +223,31 @@ def _check_terms(plan: DrawPlan) -> Callable:
             diff = batch_grad(theta, fixed, batch) - batch_grad(centre, fixed, batch)
             grad = prior_grad(theta, fixed) + (n / b) * diff + params["check_grad"]
         u = apply_preconditioner(params["check_cov"], grad)
-        return jnp.concatenate([theta[check_idx], u[check_idx]])
+        return jnp.concatenate(
+            [theta[check_idx], u[check_idx], marginal_terms(theta, grad, params)]
+        )
 
     return check_terms
+
+
+def full_data_logdensity(fns: dict[str, Callable], n: int, b: int) -> Callable:
+    """``logdensity(position, fixed, data)``: the log prior plus the log-likelihood summed
+    over all ``n`` rows of the laid-out ``data`` in a scan over chunks of ``b`` rows (what the
+    self-check's joint curvature differentiates twice)."""
+    loglik_rows, logprior = fns["loglik_rows"], fns["logprior"]
+
+    def logdensity(position, fixed, data):
+        starts, masks = full_data_chunks(n, b)
+
+        def chunk(total, xs):
+            start, mask = xs
+            rows = tuple(jax.lax.dynamic_slice_in_dim(a, start, b, axis=0) for a in data)
+            return total + jnp.sum(mask * loglik_rows(position, fixed, rows)), None
+
+        total, _ = jax.lax.scan(chunk, jnp.zeros((), position.dtype), (starts, masks))
+        return logprior(position, fixed) + total
+
+    return logdensity
 
 
 def _full_grad(plan: DrawPlan) -> Callable:

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DataShapeError", "DivergenceError", "ModelNotSupportedError"]
+__all__ = ["DataShapeError", "DivergenceError", "ModelNotSupportedError", "NoDrawsError"]
 
 
 class ModelNotSupportedError(ValueError):
@@ -15,6 +15,11 @@ class ModelNotSupportedError(ValueError):
 
 class DataShapeError(ValueError):
     """Data containers or ``batch_size`` are inconsistent with the data axis."""
+
+
+class NoDrawsError(ValueError):
+    """A run stopped (Ctrl-C) before any chain got past tuning, with the tuning draws
+    discarded: there is nothing to return."""
 
 
 def non_finite_rows(
@@ -28,11 +33,16 @@ def non_finite_rows(
         if streamed
         else f"in {rows.size} of {data_size} rows, the first at row {int(rows[0])}"
     )
+    array = name.strip("'\"") if name.strip("'\"").isidentifier() else "data"
+    finite = f"np.isfinite({array})" + (".all(axis=1)" if len(shape) == 2 else "")
+    if len(shape) > 2:
+        finite = f"np.isfinite({array}).reshape(len({array}), -1).all(axis=1)"
     how = (
         "write a copy without them (or with them completed) and pass that as data="
         if streamed
-        else "drop those rows (e.g. mask = np.isfinite(X).all(axis=1); X, y = X[mask], "
-        "y[mask]) or complete them (impute) before building the model"
+        else f"drop those rows before building the model — mask = {finite}, then keep "
+        f"[mask] of every row-aligned array ({array}[mask] and the others: predictors, group "
+        "indices) — or complete them (impute)"
     )
     return DataShapeError(
         f"The data in {name} ({'x'.join(map(str, shape))}) have non-finite values (NaN or "

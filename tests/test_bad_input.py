@@ -152,8 +152,8 @@ def test_missing_observed_values_are_refused(kind):
     assert [d.name for d in model.deterministics] == ["y"]
     with pytest.raises(
         ModelNotSupportedError,
-        match=r"observed data of 'y' have missing values.*'y_observed'.*'y_unobserved'"
-        r".*Drop the rows with missing values.*pm\.sample\(\) \(NUTS\)",
+        match=r"observed data of 'y' have missing values.*drop those rows.*pm\.sample\(\) "
+        r"\(NUTS\).*'y_observed'.*'y_unobserved'",
     ):
         pmsg.build_problem(model)
 
@@ -556,3 +556,45 @@ def test_a_step_built_outside_a_model_is_bound_by_the_sampler():
     assert drawn.posterior.attrs["sgmcmc_samplers"] == "IASG"
     with pytest.raises(TypeError, match=r"IASG\(\) was built with no model.*model=model"):
         step.bind()
+
+
+# --- messages that name the fix (the workflow issue's item 5) ------------------------------
+
+
+def test_an_observed_column_of_shape_n_by_1_is_named_with_ravel():
+    X, y = _data()
+    with pm.Model():
+        b = pm.Normal("b", 0, 1, shape=2)
+        pm.Normal("y", pm.Data("X", X) @ b, 1.0, observed=y[:, None])
+        with pytest.raises(
+            DataShapeError,
+            match=rf"'y' has data of shape \({N}, 1\).*observed=y\.ravel\(\) \(shape \({N},\)\)",
+        ):
+            pmsg.SGLD()
+
+
+def test_inf_in_the_observed_y_names_y_in_the_fix_not_x():
+    X, y = _data()
+    y[5] = np.inf
+    with pm.Model():
+        b = pm.Normal("b", 0, 1, shape=2)
+        pm.Normal("y", pm.Data("X", X) @ b, 1.0, observed=y)
+        with pytest.raises(DataShapeError, match=r"'y'.*non-finite") as info:
+            pmsg.SGLD()
+    message = str(info.value)
+    assert "mask = np.isfinite(y)," in message and "y[mask]" in message
+    assert "np.isfinite(X)" not in message
+
+
+def test_missing_values_say_drop_the_rows_first():
+    X, y = _data()
+    y[3] = np.nan
+    with pm.Model():
+        b = pm.Normal("b", 0, 1, shape=2)
+        with pytest.warns(ImputationWarning):
+            pm.Normal("y", pm.Data("X", X) @ b, 1.0, observed=y)
+        with pytest.raises(ModelNotSupportedError) as info:
+            pmsg.SGLD()
+    message = str(info.value)
+    assert message.index("drop those rows") < message.index("PyMC split")
+    assert "pm.Data predictor" in message

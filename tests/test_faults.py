@@ -22,7 +22,6 @@ import pytest
 from stack import groups, result_type
 
 import pymc_sgmcmc as pmsg
-from pymc_sgmcmc.adapter.hooks import NoDrawsError
 
 N, B = 400, 40  # thin = N / B = 10 inner iterations per draw
 SAMPLE = dict(chains=1, cores=1, progressbar=False, compute_convergence_checks=False)
@@ -401,7 +400,7 @@ def test_ctrl_c_while_every_chain_tunes_says_so_or_returns_the_tuning_draws(driv
         return pmsg.sample(step=step, chain_method=driver, cores=2, **kwargs)
 
     with regression_model():
-        with pytest.raises(NoDrawsError, match=r"no chain got past tuning.*discard_tuned"):
+        with pytest.raises(pmsg.NoDrawsError, match=r"no chain got past tuning.*discard_tuned"):
             run()
         idata = run(discard_tuned_samples=False)
     warmup = idata["warmup_posterior"]["beta"].values

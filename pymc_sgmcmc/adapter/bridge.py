@@ -132,6 +132,37 @@ class MinibatchProblem:
             start += v.size
         return out
 
+    def labels(self, names: Sequence[str] | None = None) -> list[str]:
+        """One label per raveled coordinate of the value variables ``names`` (default: the
+        sampled ones, in order), as ArviZ labels the user's variables: the model's name and
+        coordinates (``beta[age]``, ``Sigma[a, 10]``), the transform for an unconstrained
+        value (``log(sigma)``)."""
+        model = self.model
+        infos = {v.name: v for v in (*self.var_infos, *self.fixed_infos)}
+        value_vars = {v.name: v for v in model.value_vars}
+        out = []
+        for name in names if names is not None else [v.name for v in self.var_infos]:
+            info = infos[name]
+            value = value_vars.get(name)
+            rv = model.values_to_rvs.get(value) if value is not None else None
+            base = rv.name if rv is not None else name
+            dims = tuple(model.named_vars_to_dims.get(base) or ())
+            coords = []
+            for axis, size in enumerate(info.shape):
+                dim = dims[axis] if axis < len(dims) else None
+                labels = dict(model.coords).get(dim) if dim is not None else None
+                if labels is not None and len(labels) == size:
+                    coords.append([str(c) for c in labels])
+                else:
+                    coords.append([str(i) for i in range(size)])
+            transform = model.rvs_to_transforms.get(rv) if rv is not None else None
+            wrap = getattr(transform, "name", None) if name != base else None
+            for index in np.ndindex(*info.shape):
+                where = ", ".join(c[i] for c, i in zip(coords, index, strict=True))
+                label = f"{base}[{where}]" if index else base
+                out.append(f"{wrap}({label})" if wrap else label)
+        return out
+
     def fixed_values(self, point: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
         """Values of the variables this problem does not sample, taken from ``point``."""
         return tuple(np.asarray(point[v.name], dtype=v.dtype) for v in self.fixed_infos)

@@ -53,14 +53,15 @@ def _imputations(model: pm.Model) -> list[tuple[str, Variable, Variable]]:
 def _check_imputation(model: pm.Model) -> None:
     for name, obs, unobs in _imputations(model):
         raise ModelNotSupportedError(
-            f"The observed data of {name!r} have missing values (NaN or masked entries), so PyMC "
-            f"split {name!r} into the observed variable {obs.name!r} and the free variable "
-            f"{unobs.name!r} that imputes the missing entries. The stochastic-gradient samplers "
-            "cannot minibatch such a split likelihood: its observed rows no longer line up with "
-            "the rows of the other data (covariates, group indices). Drop the rows with missing "
-            "values before building the model (keep = ~np.isnan(data); observed=data[keep], and "
-            "index every row-aligned covariate with [keep] too), or sample this model with "
-            "pm.sample() (NUTS), which imputes them."
+            f"The observed data of {name!r} have missing values (NaN or masked entries): drop "
+            "those rows before building the model — keep = ~np.isnan(data), then "
+            "observed=data[keep] and [keep] of every row-aligned array (predictors, group "
+            "indices) — or sample this model with pm.sample() (NUTS), which imputes them. "
+            f"(PyMC split {name!r} into the observed {obs.name!r} and the free variable "
+            f"{unobs.name!r} that imputes the missing entries, and the stochastic-gradient "
+            "samplers cannot minibatch that split likelihood: its rows no longer line up with "
+            "the other data's. A NaN in a pm.Data predictor is the same case: PyMC's advice to "
+            "pass it as observed leads here.)"
         )
 
 
@@ -144,9 +145,25 @@ def _probe_rows(
 def _misaligned(
     model: pm.Model, mb_names: list[str], data_size: int, problem: object
 ) -> DataShapeError:
-    """The error for row-misaligned data, listing every data container's leading length."""
+    """The error for row-misaligned data: an observed column of shape (N, 1) by name (with
+    its fix), else every data container's leading length."""
     if isinstance(problem, BaseException):
         problem = f"{type(problem).__name__}: {str(problem).splitlines()[0]}"
+    for rv in model.observed_RVs:
+        value = _data_leaf_value(model.rvs_to_values[rv])
+        if (
+            value is not None
+            and value.ndim >= 2
+            and value.shape[0] == data_size
+            and all(size == 1 for size in value.shape[1:])
+        ):
+            return DataShapeError(
+                f"Observed variable {rv.name!r} has data of shape {value.shape}: one value per "
+                f"row, as a column. Its distribution's parameters have one value per row, shape "
+                f"({data_size},), and broadcast against ({data_size}, 1) to {data_size} x "
+                f"{data_size}. Pass the values as a vector: observed=y.ravel() (shape "
+                f"({data_size},)). ({problem})"
+            )
     lengths = {}
     for v in model.data_vars:
         value = _data_leaf_value(v)

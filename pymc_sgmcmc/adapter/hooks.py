@@ -73,7 +73,7 @@ from pymc_sgmcmc.adapter.stats import ess_mean
 from pymc_sgmcmc.adapter.step import SGMCMCStep, _jsonable, bind_steps
 from pymc_sgmcmc.diagnostics import run_checks
 from pymc_sgmcmc.distributed import is_collective_failure, lost_process_error
-from pymc_sgmcmc.errors import DivergenceError, ModelNotSupportedError
+from pymc_sgmcmc.errors import DivergenceError, ModelNotSupportedError, NoDrawsError
 
 __all__ = ["install", "sgmcmc_attrs", "step_entries", "variational_group"]
 
@@ -131,11 +131,6 @@ def _refuse_pymc_steps_on_minibatches(model: Any, provided: list, result: Any) -
             "(drop pm.Minibatch and total_size=: the SG step minibatches itself), or sample "
             "every variable with stochastic-gradient steps."
         )
-
-
-class NoDrawsError(ValueError):
-    """A run stopped (Ctrl-C) before any chain got past tuning, with the tuning draws
-    discarded: there is nothing to return."""
 
 
 def _refuse_a_run_stopped_in_tuning(kwargs: dict, interrupted: tuple | None) -> None:

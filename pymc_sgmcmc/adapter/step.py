@@ -689,6 +689,7 @@ class SGMCMCStep(
             check_idx=jnp.asarray(self._check_indices()),
             local_idx=jnp.asarray(self._check_local_indices()),
             row_locals=bool(problem.row_local_names),
+            global_idx=jnp.asarray(self._global_indices(), dtype=int),
         )
         draws = draw_functions(plan, sharded)
 
@@ -739,6 +740,7 @@ class SGMCMCStep(
             # The tuning functions' keys, derived on the host at every tuning draw: compiled,
             # since an eager fold_in dispatches its threefry op by op (~130 µs against ~9 µs).
             "fold_in": jax.jit(jax.random.fold_in),
+            "marginal_columns": self._marginal_columns_function(fns, data, n, b),
             "data": data,
             "jax": jax,
         }
