@@ -299,3 +299,33 @@ def test_an_influential_row_outside_the_subsample_is_flagged():
     assert 7 not in est.rows and 7 in est.lowest_rows
     assert est.lowest_pareto_k.max() == pytest.approx(reference.pareto_k.values[7], rel=1e-8)
     assert "An influential row" in repr(est)
+
+
+def test_loo_subsample_after_posterior_predictive_in_the_same_result():
+    """The ordinary order of work: sample, posterior predictive into the same result, then
+    LOO. (PyMC 5.28's sample_posterior_predictive(..., extend_inferencedata=True) left the
+    observed variable twice in model.observed_RVs, and loo_subsample failed on it.)"""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(3000, 2))
+    y = X @ [1.0, -1.0] + rng.normal(size=3000)
+    with pm.Model() as model:
+        b = pm.Normal("b", 0, 1, shape=2)
+        s = pm.HalfNormal("s", 1)
+        pm.Normal("y", pm.Data("X", X) @ b, s, observed=y)
+        idata = pm.sample(
+            step=pmsg.IASG(),
+            draws=30,
+            tune=30,
+            chains=2,
+            cores=1,
+            random_seed=1,
+            progressbar=False,
+            compute_convergence_checks=False,
+        )
+        before = pmsg.loo_subsample(idata, model, rows=200)
+        pm.sample_posterior_predictive(
+            idata, extend_inferencedata=True, progressbar=False, random_seed=2
+        )
+        after = pmsg.loo_subsample(idata, model, rows=200)
+    assert "posterior_predictive" in groups(idata)
+    assert after.elpd_loo == before.elpd_loo and after.n_subsample == 200

@@ -404,15 +404,18 @@ def build_problem(
                 f"continuous variables: step=[pmsg.SGLD(vars=[...]), pm.Metropolis([{rv.name}])]."
             )
     fixed = [v for v in model.value_vars if v not in sampled]
+    # Each observed variable once: PyMC 5.28's sample_posterior_predictive(...,
+    # extend_inferencedata=True) leaves it twice in model.observed_RVs.
+    observed_rvs = list(dict.fromkeys(model.observed_RVs))
 
-    if not model.observed_RVs:
+    if not observed_rvs:
         raise ModelNotSupportedError(
             "The model has no observed variables, so there is no data to minibatch. "
             "Stochastic-gradient MCMC only pays off for likelihoods over many rows: pass the "
             "data as `observed=` of a likelihood, or sample this model with pm.sample() (NUTS)."
         )
 
-    observed_value = {rv: model.rvs_to_values[rv] for rv in model.observed_RVs}
+    observed_value = {rv: model.rvs_to_values[rv] for rv in observed_rvs}
     observed_owner = {val: rv.name for rv, val in observed_value.items()}
 
     def leading(var: Variable) -> int | None:
@@ -426,7 +429,7 @@ def build_problem(
     forced_leaves: list[Variable] | None = None
     if minibatch_data is not None:
         forced_leaves = []
-        mb_choices = [d.name for d in model.data_vars] + [rv.name for rv in model.observed_RVs]
+        mb_choices = [d.name for d in model.data_vars] + [rv.name for rv in observed_rvs]
         for item in minibatch_data:
             if isinstance(item, str):
                 if item not in model.named_vars:
@@ -464,7 +467,7 @@ def build_problem(
             # on them is minibatched.
             mb_rvs = [
                 rv
-                for rv in model.observed_RVs
+                for rv in observed_rvs
                 if set(graph_inputs([model.logp(vars=[rv], sum=False)[0]])) & set(forced_leaves)
             ]
     else:
@@ -479,9 +482,9 @@ def build_problem(
                 "minibatch. Pass the data with rows along the first axis as `observed=`, or "
                 "use pm.sample() (NUTS) for this model."
             )
-        mb_rvs = [rv for rv in model.observed_RVs if obs_rows[rv] == data_size]
+        mb_rvs = [rv for rv in observed_rvs if obs_rows[rv] == data_size]
 
-    full_rvs = [rv for rv in model.observed_RVs if rv not in mb_rvs]
+    full_rvs = [rv for rv in observed_rvs if rv not in mb_rvs]
 
     if batch_size is not None and not (1 <= int(batch_size) <= data_size):
         raise DataShapeError(
