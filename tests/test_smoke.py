@@ -6,6 +6,10 @@ the full suite runs it too. It checks what a user meets first, not correctness.
 
 from __future__ import annotations
 
+import re
+from importlib.metadata import version
+from pathlib import Path
+
 import numpy as np
 import pymc as pm
 import pytest
@@ -14,6 +18,8 @@ from stack import groups, result_type
 import pymc_sgmcmc as pmsg
 
 pytestmark = pytest.mark.smoke
+
+CHANGELOG = Path(__file__).resolve().parents[1] / "CHANGELOG.md"
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +36,16 @@ def model():
 
 
 def test_the_package_imports_with_its_version():
-    assert pmsg.__version__ and pmsg.__version__[0].isdigit()
+    """One version source: the installed package's metadata (pyproject.toml), which the
+    CHANGELOG's newest section names."""
+    assert pmsg.__version__ == version("pymc-sgmcmc")
+    newest = re.search(r"^## (\S+)", CHANGELOG.read_text(), re.M).group(1)
+    assert newest == pmsg.__version__, (newest, pmsg.__version__)
+    package = Path(pmsg.__file__).parent
+    written = [
+        p for p in package.rglob("*.py") if re.search(r"__version__\s*=\s*['\"]", p.read_text())
+    ]
+    assert not written, f"a version written in the code: {written}"
     assert {"IASG", "SGLD", "sample", "compare"} <= set(pmsg.__all__)
 
 
