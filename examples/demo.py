@@ -57,7 +57,7 @@ def main() -> None:
             pm.Normal("y", intercept + Xd @ beta, 1.0, observed=y)
         return m
 
-    common = dict(chains=2, cores=1, random_seed=1, progressbar=True)
+    common = dict(chains=4, random_seed=1, progressbar=True)
     with model():
         t0 = time.perf_counter()
         sg = pm.sample(

@@ -223,6 +223,15 @@ def close_workers(kill: bool = False) -> None:
 atexit.register(close_workers)
 
 
+def workers_running() -> bool:
+    """Whether worker processes are up (a call with ``chain_method="processes"`` started
+    them): a new call then pays no start-up."""
+    pool = _POOL
+    return pool is not None and any(
+        w is not None and w.process.poll() is None for w in pool.workers
+    )
+
+
 @contextlib.contextmanager
 def _in_call() -> Iterator[None]:
     _IN_CALL.active = True

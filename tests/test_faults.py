@@ -358,7 +358,7 @@ _INTERRUPT_FIRST_CHAIN_SCRIPT = textwrap.dedent(
         b = pm.Normal("b", 0, 1, shape=2)
         pm.Normal("y", pm.Data("X", X) @ b, 1.0, observed=y)
         idata = pm.sample(step=pmsg.SGLD(batch_size=200), draws=400, tune=10, chains=3,
-                          cores=2, random_seed=1, progressbar=False, callback=callback,
+                          cores=1, random_seed=1, progressbar=False, callback=callback,
                           compute_convergence_checks=False)
     print("SHAPE", *idata.posterior["b"].shape)
     """
@@ -369,6 +369,8 @@ def test_sigint_in_a_chain_stops_the_run_and_keeps_its_draws():
     # PyMC's sequential loop swallows the interrupt, starts the next chain and, at the end,
     # keeps the longest chains: the interrupted one's draws were dropped and Ctrl-C had to
     # be pressed once per chain. With an SG step the run stops and returns the draws so far.
+    # (cores=1: chains one after another. With cores > 1 they run side by side, as in
+    # pmsg.sample, and Ctrl-C stops them all: test_chain_processes.)
     done = subprocess.run(
         [sys.executable, "-c", _INTERRUPT_FIRST_CHAIN_SCRIPT],
         capture_output=True,

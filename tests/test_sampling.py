@@ -378,3 +378,32 @@ def test_bad_input_is_refused_with_the_fix(model, tmp_path):
         with pytest.raises(ModelNotSupportedError, match="out-of-core"):
             pmsg.sample(step=pmsg.SGLD(batch_size=50, data=on_disk))
     del two
+
+
+def test_pm_sample_runs_four_chains_side_by_side_on_two_cores(model, caplog):
+    """pm.sample(step=..., chains=4, cores=2): the chains run in two groups side by side (the
+    engine of pmsg.sample; its worker processes when the run is long enough, see
+    chain_method="auto") and draw what one chain after another draws."""
+    kwargs = dict(draws=12, tune=8, chains=4, random_seed=5, **QUIET)
+    with model:
+        step = pmsg.SGLD(batch_size=100)
+        one_by_one = pm.sample(step=step, cores=1, **kwargs)
+        with caplog.at_level("INFO", logger="pymc"):
+            side_by_side = pm.sample(step=step, cores=2, **kwargs)
+    assert "in groups of 2+2 chains" in caplog.text
+    np.testing.assert_allclose(
+        side_by_side.posterior["beta"].values, one_by_one.posterior["beta"].values, rtol=1e-9
+    )
+    assert side_by_side.posterior.attrs["sgmcmc_samplers"] == "SGLD"
+
+
+def test_auto_chain_method_takes_processes_for_long_runs_only(model):
+    from pymc_sgmcmc.adapter.sampling import resolve_chain_method
+
+    with model:
+        step = pmsg.IASG(batch_size=100)
+    # this model: N = 2 000 rows, D = 3, 1 pass per draw
+    assert resolve_chain_method("auto", step, 4, 1000, 1000, 2) == "vectorized"
+    assert resolve_chain_method("auto", step, 4, 10**6, 10**6, 2) == "processes"
+    assert resolve_chain_method("auto", step, 4, 10**6, 10**6, 1) == "vectorized"  # one group
+    assert resolve_chain_method("vectorized", step, 4, 10**6, 10**6, 2) == "vectorized"

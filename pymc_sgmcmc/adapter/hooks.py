@@ -48,7 +48,6 @@ The wrappers change nothing else and return PyMC's own results.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import importlib
 import inspect
@@ -67,8 +66,10 @@ from pymc.step_methods.compound import BlockedStep, CompoundStep
 
 from pymc_sgmcmc._runtime import host_blas_threads, set_current_chain
 from pymc_sgmcmc.adapter.chains_in_process import sample_in_this_process
+from pymc_sgmcmc.adapter.context import DIVERGED, INTERRUPTED, STEPS
 from pymc_sgmcmc.adapter.minibatch_models import _minibatch_slices
 from pymc_sgmcmc.adapter.results import get_group, is_result, set_attrs, set_group
+from pymc_sgmcmc.adapter.sampling import sample_side_by_side
 from pymc_sgmcmc.adapter.stats import ess_mean
 from pymc_sgmcmc.adapter.step import SGMCMCStep, _jsonable, bind_steps
 from pymc_sgmcmc.diagnostics import run_checks
@@ -77,17 +78,7 @@ from pymc_sgmcmc.errors import DivergenceError, ModelNotSupportedError, NoDrawsE
 
 __all__ = ["install", "sgmcmc_attrs", "step_entries", "variational_group"]
 
-_STEPS: contextvars.ContextVar[list | None] = contextvars.ContextVar("pmsg_steps", default=None)
-# (chain, message) of the chains a DivergenceError stopped in the current pm.sample call.
-_DIVERGED: contextvars.ContextVar[list | None] = contextvars.ContextVar(
-    "pmsg_diverged", default=None
-)
 _INSTALLED = False
-# Set when Ctrl-C stopped one of our chains: the chains after it are not started (PyMC's
-# sequential loop would start the next chain and then drop the interrupted one).
-_INTERRUPTED: contextvars.ContextVar[tuple | None] = contextvars.ContextVar(
-    "pmsg_interrupted", default=None
-)
 _PROCESS_CHAIN_INDEX = 9  # PyMC's _Process arguments after self: name, ..., blas_cores, chain
 
 
@@ -352,17 +343,17 @@ def install(step_classes: Sequence[type] = ()) -> None:
         return None
 
     def record(chain: Any, error: DivergenceError) -> None:
-        diverged = _DIVERGED.get()
+        diverged = DIVERGED.get()
         if diverged is None:
             diverged = []
-            _DIVERGED.set(diverged)
+            DIVERGED.set(diverged)
         diverged.append((chain, error))
 
     @functools.wraps(sample_original)
     def _sample(*args: Any, **kwargs: Any) -> Any:
         set_current_chain(kwargs.get("chain"))
-        ours = bool(_STEPS.get())
-        if ours and _INTERRUPTED.get() is not None:
+        ours = bool(STEPS.get())
+        if ours and INTERRUPTED.get() is not None:
             return None  # Ctrl-C stopped an earlier chain: return what was drawn so far
         try:
             with host_blas_threads() if ours else contextlib.nullcontext():
@@ -381,14 +372,18 @@ def install(step_classes: Sequence[type] = ()) -> None:
         trace, draws = kwargs.get("trace"), kwargs.get("draws")
         if ours and trace is not None and draws is not None and len(trace) < draws:
             # PyMC's _sample swallows the KeyboardInterrupt and returns early.
-            _INTERRUPTED.set((kwargs.get("chain"), len(trace)))
+            INTERRUPTED.set((kwargs.get("chain"), len(trace)))
         return result
 
     @functools.wraps(mp_sample_original)
     def _mp_sample(*args: Any, **kwargs: Any) -> Any:
-        if _STEPS.get():
-            # One of our steps: the chains run in this process (pymc_sgmcmc.adapter.chains_in_process);
-            # _sample (wrapped above) stops a diverging chain as in a sequential run.
+        if STEPS.get():
+            # One of our steps: never PyMC's worker processes (adapter.chains_in_process). One
+            # step over every variable runs its chains side by side, as pmsg.sample does;
+            # else one after another in this process, where _sample (wrapped above) stops a
+            # diverging chain as in a sequential run.
+            if sample_side_by_side(kwargs):
+                return None
             return sample_in_this_process(kwargs)
         try:
             return mp_sample_original(*args, **kwargs)
@@ -416,17 +411,17 @@ def install(step_classes: Sequence[type] = ()) -> None:
         ours = _ours(list(provided))
         if ours:
             _refuse_pymc_steps_on_minibatches(model, list(provided), result)
-        _STEPS.set(ours or None)
+        STEPS.set(ours or None)
         return result
 
     @functools.wraps(return_original)
     def _sample_return(*args: Any, **kwargs: Any) -> Any:
-        steps = _STEPS.get()
-        _STEPS.set(None)
-        diverged = _DIVERGED.get()
-        _DIVERGED.set(None)
-        interrupted = _INTERRUPTED.get()
-        _INTERRUPTED.set(None)
+        steps = STEPS.get()
+        STEPS.set(None)
+        diverged = DIVERGED.get()
+        DIVERGED.set(None)
+        interrupted = INTERRUPTED.get()
+        INTERRUPTED.set(None)
         if steps:
             _refuse_a_run_stopped_in_tuning(kwargs, interrupted)
         if interrupted is not None:
@@ -466,7 +461,7 @@ def install(step_classes: Sequence[type] = ()) -> None:
 
     @functools.wraps(instantiate_original)
     def instantiate_steppers(*args: Any, **kwargs: Any) -> Any:
-        ours = _STEPS.get()
+        ours = STEPS.get()
         step_kwargs = kwargs.get("step_kwargs") or {}
         selected = kwargs.get("selected_steps") or {}
         names = {getattr(cls, "name", None) for cls, v in selected.items() if v}

@@ -46,17 +46,26 @@ from pymc.step_methods.compound import CompoundStep
 from pymc.util import get_random_generator
 
 from pymc_sgmcmc._chain_engine import _chain_groups
-from pymc_sgmcmc._chain_processes import run_in_processes
+from pymc_sgmcmc._chain_processes import run_in_processes, workers_running
 from pymc_sgmcmc._chain_run import _adopt_last_chain, tune_and_sample
-from pymc_sgmcmc.adapter.hooks import _DIVERGED, _STEPS
-from pymc_sgmcmc.adapter.precision import in_float64_of_step
+from pymc_sgmcmc.adapter.context import DIVERGED, STEPS
+from pymc_sgmcmc.adapter.precision import float64_scope, in_float64_of_step
 from pymc_sgmcmc.adapter.step import SGMCMCStep, bind_steps
 from pymc_sgmcmc.errors import DivergenceError, ModelNotSupportedError
 
 __all__ = ["CHAIN_METHODS", "sample"]
 
 DEFAULT_CHUNKS = 20
-CHAIN_METHODS = ("vectorized", "processes")
+CHAIN_METHODS = ("auto", "vectorized", "processes")
+# chain_method="auto": worker processes when the run is long enough to repay their start-up.
+# Measured (RESULTS.md, benchmarks/vectorised.py, N = 10^5, D = 20, 4 chains in 2 groups):
+# in processes the chains take 0.90-0.92x four independent single-CPU chains, in threads
+# 1.22-1.35x, so processes save about a quarter of a run; their first call costs 4-5 s more
+# (fresh interpreters importing PyMC and JAX, compiling the step). They pay from runs of
+# about 15 s; a run's length is estimated from its data passes at about 1e-9 s per row and
+# dimension (a pass of IASG at N = 10^5, D = 20 took 2.2 ms; at 10^6, 10 ms).
+AUTO_PROCESSES_SECONDS = 15.0
+SECONDS_PER_ROW_DIMENSION = 1e-9
 _log = logging.getLogger("pymc")
 
 
@@ -77,7 +86,7 @@ def sample(
     idata_kwargs: dict[str, Any] | None = None,
     cores: int | None = None,
     chunks: int = DEFAULT_CHUNKS,
-    chain_method: str = "vectorized",
+    chain_method: str = "auto",
 ) -> Any:
     """Sample all chains of one SG step method at once, vectorised with ``jax.vmap``.
 
@@ -124,8 +133,10 @@ def sample(
         The sampling draws after tuning run as this many compiled chunks (default 20): more
         chunks move the progress bar (and a callback) more often, at a host round-trip each.
     chain_method
-        Where the groups of vmapped chains run. ``"vectorized"`` (default): in this process,
-        side by side in threads. ``"processes"`` (CPU only): each group in a worker process of
+        Where the groups of vmapped chains run. ``"auto"`` (default): in worker processes
+        when there are several groups on a CPU and the run is estimated to take more than
+        :data:`AUTO_PROCESSES_SECONDS` (from its data passes), or the workers are already up;
+        else in threads. ``"vectorized"``: in this process, side by side in threads. ``"processes"`` (CPU only): each group in a worker process of
         its own, pinned to one CPU — faster for several chains of a small or medium model,
         where the groups in one process contend for XLA's one thread pool (measured in
         ``benchmarks/vectorised.py``). The workers start with the first call (a fresh
@@ -208,6 +219,7 @@ def sample(
             f"chain_method must be one of {CHAIN_METHODS}, got {chain_method!r}: "
             '"vectorized" runs the chains in this process, "processes" in worker processes.'
         )
+    chain_method = resolve_chain_method(chain_method, step, chains, draws, tune, cores)
     if chain_method == "processes" and os.name != "posix":
         raise ValueError(
             'chain_method="processes" needs a POSIX system (its workers are pinned to CPUs and '
@@ -267,6 +279,59 @@ def sample(
         idata_kwargs=idata_kwargs or {},
         model=model,
     )
+
+
+def resolve_chain_method(
+    method: str, step: SGMCMCStep, chains: int, draws: int, tune: int, cores: int | None
+) -> str:
+    """``"auto"`` made concrete (see :data:`AUTO_PROCESSES_SECONDS`); other methods as given."""
+    if method != "auto":
+        return method
+    if os.name != "posix" or jax.default_backend() != "cpu":
+        return "vectorized"
+    if len(_chain_groups(int(chains), cores, on_cpu=True)) < 2:
+        return "vectorized"
+    if workers_running():
+        return "processes"
+    problem = step.problem
+    passes = int(chains) * (int(draws) + int(tune)) * step.thin * step.batch_size
+    seconds = passes * max(problem.dim, 1) * SECONDS_PER_ROW_DIMENSION
+    return "processes" if seconds >= AUTO_PROCESSES_SECONDS else "vectorized"
+
+
+def sample_side_by_side(kwargs: dict[str, Any]) -> bool:
+    """``pm.sample(step=..., cores=k)``'s chains side by side (the engine of :func:`sample`,
+    ``chain_method="auto"``), when its step is one of ours that samples every free variable
+    in memory on one device; False (nothing done) otherwise, for PyMC's sequential loop.
+    ``kwargs`` are those PyMC passes to its ``_mp_sample`` (``draws`` includes ``tune``)."""
+    step, model = kwargs["step"], kwargs.get("model")
+    chains, cores, tune = int(kwargs["chains"]), int(kwargs.get("cores") or 1), int(kwargs["tune"])
+    if not isinstance(step, SGMCMCStep) or chains < 2 or cores < 2 or model is None:
+        return False
+    covered = {v.name for v in step.vars}
+    if any(v.name not in covered for v in model.value_vars):
+        return False
+    if step.streaming or step.devices not in (None, 1):
+        return False
+    draws = int(kwargs["draws"]) - tune
+    method = resolve_chain_method("auto", step, chains, draws, tune, cores)
+    with float64_scope(step.problem.dtype):  # as pmsg.sample (pm.sample runs outside one)
+        stopped, _ = _run_chains(
+            step,
+            list(kwargs["traces"]),
+            [dict(point) for point in kwargs["start"]],
+            list(kwargs["rngs"]),
+            draws,
+            tune,
+            cores,
+            DEFAULT_CHUNKS,
+            kwargs.get("progressbar", True),
+            kwargs.get("callback"),
+            method,
+        )
+    if stopped:
+        DIVERGED.set(sorted(stopped.items()))
+    return True
 
 
 def _run_chains(
@@ -395,13 +460,13 @@ def _sample_return(step: SGMCMCStep, stopped: dict[int, DivergenceError], **kwar
     """PyMC's own ``_sample_return`` (as wrapped by :mod:`pymc_sgmcmc.adapter.hooks`): the same
     chain selection, InferenceData, convergence checks, attrs and DivergenceError as
     ``pm.sample``."""
-    _STEPS.set([step])
-    _DIVERGED.set(sorted(stopped.items()) or None)
+    STEPS.set([step])
+    DIVERGED.set(sorted(stopped.items()) or None)
     accepted = inspect.signature(mcmc._sample_return).parameters
     defaults = {"run": None, "return_inferencedata": True, "keep_warning_stat": False}
     kwargs = {k: v for k, v in {**defaults, **kwargs}.items() if k in accepted}
     try:
         return mcmc._sample_return(**kwargs)
     finally:
-        _STEPS.set(None)
-        _DIVERGED.set(None)
+        STEPS.set(None)
+        DIVERGED.set(None)
