@@ -39,6 +39,7 @@ from pytensor.tensor.shape import SpecifyShape
 
 from pymc_sgmcmc.adapter.bridge_jax import _JAX_LOCK, _build_jax_functions
 from pymc_sgmcmc.adapter.data_checks import (
+    NotRowSeparable,
     _check_imputation,
     _misaligned,
     _probe_rows,
@@ -46,6 +47,7 @@ from pymc_sgmcmc.adapter.data_checks import (
 )
 from pymc_sgmcmc.adapter.minibatch_models import _data_leaf_value, _full_data_model, _uncast
 from pymc_sgmcmc.errors import DataShapeError, ModelNotSupportedError
+from pymc_sgmcmc.minibatch import FULL_BATCH_MAX_ROWS
 
 __all__ = ["ROW_INDEX", "MinibatchProblem", "VarInfo", "build_problem"]
 
@@ -107,6 +109,9 @@ class MinibatchProblem:
     _jax_cache: dict = field(default_factory=dict, repr=False, compare=False)
     local_names: tuple[str, ...] = ()
     row_local_names: tuple[str, ...] = ()
+    # The likelihood is not a sum over rows and is read whole (a dummy row; see
+    # build_problem): the number of rows it reads, else 0.
+    whole_likelihood_rows: int = 0
 
     # -- raveling -------------------------------------------------------------------------
     @property
@@ -321,6 +326,117 @@ def build_problem(
     minibatch_data: Sequence[Any] | None = None,
     batch_size: int | None = None,
 ) -> MinibatchProblem:
+    """Turn ``model`` into a :class:`MinibatchProblem` (see :func:`_row_problem`).
+
+    A likelihood that is not a sum over rows — a time series' recursion (``pm.AR``, a GARCH
+    written with ``scan``), a Gaussian process (an ``MvNormal`` over the rows), a
+    ``pm.Potential`` or ``CustomDist`` that sums — cannot be minibatched. Where every row is
+    read in every iteration anyway (``batch_size`` of at least N, or by default up to
+    :data:`~pymc_sgmcmc.minibatch.FULL_BATCH_MAX_ROWS` rows) the whole likelihood is then one
+    term (:func:`_whole_likelihood_problem`), and the samplers run their exact full-batch
+    chain on it, as NUTS would; otherwise one error names the observed variable and what to do,
+    before anything compiles.
+    """
+    try:
+        return _row_problem(
+            model,
+            vars,
+            local_vars=local_vars,
+            minibatch_data=minibatch_data,
+            batch_size=batch_size,
+        )
+    except NotRowSeparable as error:
+        return _whole_likelihood_problem(
+            pm.modelcontext(model), vars, local_vars, minibatch_data, batch_size, error
+        )
+
+
+WHOLE_LIKELIHOOD = "__whole_likelihood__"  # the one data "row" of a whole-likelihood problem
+
+
+def _whole_likelihood_problem(
+    model: pm.Model,
+    vars: Sequence[Any] | None,
+    local_vars: Sequence[Any] | None,
+    minibatch_data: Sequence[Any] | None,
+    batch_size: int | None,
+    error: NotRowSeparable,
+) -> MinibatchProblem:
+    """``model`` with its whole likelihood in the log-prior and one dummy row: the problem of a
+    likelihood that is not a sum over rows, where every row is read in every iteration anyway
+    (see :func:`build_problem`); else ``error``, with what to do."""
+    n = int(error.data_size)
+    names = ", ".join(repr(name) for name in error.names)
+    every_row = batch_size is not None and int(batch_size) >= n
+    if (
+        local_vars
+        or minibatch_data is not None
+        or not (every_row or (batch_size is None and n <= FULL_BATCH_MAX_ROWS))
+    ):
+        raise DataShapeError(
+            f"{error} The stochastic-gradient samplers need a likelihood that is a sum of one "
+            f"term per row, which the likelihood of {names} is not; with N = {n} rows its "
+            "minibatches would be wrong. What to do: pass batch_size=N (every row in every "
+            "iteration: an exact Metropolis-adjusted Langevin chain, no faster than NUTS), "
+            "name the row-aligned containers with minibatch_data=[...] if only some data are "
+            "rows (the others are then read in full), or sample the model with pm.sample() "
+            "(NUTS)." + (" local_vars needs a likelihood over rows." if local_vars else "")
+        ) from error
+    model = _full_data_model(model)
+    sampled = _user_vars_to_value_vars(model, vars)
+    fixed = [v for v in model.value_vars if v not in sampled]
+    observed = list(dict.fromkeys(model.observed_RVs))
+    free = list(model.free_RVs)
+    logprior_graph = model.logp(vars=free + observed + list(model.potentials), sum=True)
+    jacobian_graph = model.logp(vars=free, jacobian=True, sum=True) - model.logp(
+        vars=free, jacobian=False, sum=True
+    )
+    ip = model.initial_point()
+    try:
+        value = pytensor.function(
+            [*sampled, *fixed], logprior_graph, mode="FAST_COMPILE", on_unused_input="ignore"
+        )(*[ip[v.name] for v in (*sampled, *fixed)])
+    except (ValueError, IndexError, AssertionError) as err:
+        raise error from err  # not even the whole likelihood evaluates: the data's shapes
+    if not np.isfinite(value):
+        raise error
+    dtype = str(pytensor.config.floatX)
+    placeholder = pt.tensor(name="batch_0", dtype=dtype, shape=(None,))
+    rows_graph = placeholder * np.asarray(0.0, dtype=dtype)  # one term per "row": zero
+    rows_graph, logprior_graph, jacobian_graph = _replace_shared_scalars(
+        [rows_graph, logprior_graph, jacobian_graph]
+    )
+    return MinibatchProblem(
+        model=model,
+        var_infos=tuple(
+            VarInfo(v.name, tuple(np.shape(ip[v.name])), str(v.dtype)) for v in sampled
+        ),
+        fixed_infos=tuple(
+            VarInfo(v.name, tuple(np.shape(ip[v.name])), str(v.dtype)) for v in fixed
+        ),
+        data_names=(WHOLE_LIKELIHOOD,),
+        data=(np.zeros(1, dtype=dtype),),
+        data_size=1,
+        minibatched_observed=(),
+        full_observed=tuple(rv.name for rv in observed),
+        dtype=dtype,
+        _inputs=list(sampled) + list(fixed),
+        _batch_inputs=[placeholder],
+        _logprior_graph=logprior_graph,
+        _rows_graph=rows_graph,
+        _jacobian_graph=jacobian_graph,
+        whole_likelihood_rows=n,
+    )
+
+
+def _row_problem(
+    model: pm.Model | None = None,
+    vars: Sequence[Any] | None = None,
+    *,
+    local_vars: Sequence[Any] | None = None,
+    minibatch_data: Sequence[Any] | None = None,
+    batch_size: int | None = None,
+) -> MinibatchProblem:
     """Split a PyMC model into a full-batch log-prior and per-row log-likelihoods.
 
     Parameters
@@ -408,6 +524,12 @@ def build_problem(
     # extend_inferencedata=True) leaves it twice in model.observed_RVs.
     observed_rvs = list(dict.fromkeys(model.observed_RVs))
 
+    if not observed_rvs and model.potentials:
+        raise NotRowSeparable(
+            "The model's likelihood is a pm.Potential, not observed data with rows.",
+            [pot.name or "a potential" for pot in model.potentials],
+            0,
+        )
     if not observed_rvs:
         raise ModelNotSupportedError(
             "The model has no observed variables, so there is no data to minibatch. "
@@ -477,10 +599,10 @@ def build_problem(
         }
         data_size = max(obs_rows.values())
         if data_size <= 1:
-            raise ModelNotSupportedError(
-                "No observed variable has more than one row of data, so there is nothing to "
-                "minibatch. Pass the data with rows along the first axis as `observed=`, or "
-                "use pm.sample() (NUTS) for this model."
+            raise NotRowSeparable(
+                "No observed variable has more than one row of data.",
+                [rv.name for rv in observed_rvs],
+                data_size,
             )
         mb_rvs = [rv for rv in observed_rvs if obs_rows[rv] == data_size]
 
@@ -500,11 +622,15 @@ def build_problem(
         try:
             term = model.logp(vars=[rv], sum=False)[0]
         except (ValueError, AssertionError) as err:
-            raise _misaligned(model, mb_names, data_size, err) from err
+            raise NotRowSeparable(
+                str(_misaligned(model, mb_names, data_size, err)), mb_names, data_size
+            ) from err
         if term.ndim == 0:
-            raise DataShapeError(
-                f"Observed variable {rv.name!r} has a scalar log-likelihood, so it cannot be "
-                "split into rows. Leave it out of minibatch_data (it will be used in full)."
+            raise NotRowSeparable(
+                f"Observed variable {rv.name!r} has a scalar log-likelihood (an MvNormal over "
+                "the rows, a CustomDist that sums), so it cannot be split into rows.",
+                [rv.name],
+                data_size,
             )
         if term.ndim > 1:
             term = term.sum(axis=tuple(range(1, term.ndim)))
@@ -570,7 +696,9 @@ def build_problem(
         )
         rows_graph = _rows_to_batch_length(rows_graph, data_size, placeholders[0].shape[0])
     except (ValueError, AssertionError) as err:
-        raise _misaligned(model, mb_names, data_size, err) from err
+        raise NotRowSeparable(
+            str(_misaligned(model, mb_names, data_size, err)), mb_names, data_size
+        ) from err
 
     local_rows = [np.asarray(ip[v.name]) for v in row_locals]
     _probe_rows(
@@ -583,7 +711,8 @@ def build_problem(
         ip,
         mb_names,
         data_size,
-        full_rows_graph if row_locals else None,
+        full_rows_graph,
+        bool(row_locals),
     )
     if row_locals:
         data_names.append(ROW_INDEX)

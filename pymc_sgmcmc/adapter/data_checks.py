@@ -85,6 +85,17 @@ def check_finite_rows(name: str, value: Any, data_size: int) -> None:
     raise non_finite_rows(name, array.shape, rows, array[rows[0]], data_size, streamed=False)
 
 
+class NotRowSeparable(DataShapeError):
+    """The minibatched likelihood is not a sum of one term per row (``names``: its observed
+    variables). :func:`pymc_sgmcmc.adapter.bridge.build_problem` then reads the whole
+    likelihood as one term where every row is read anyway, else raises this."""
+
+    def __init__(self, message: str, names: list[str], data_size: int) -> None:
+        super().__init__(message)
+        self.names = names
+        self.data_size = data_size
+
+
 def _probe_rows(
     model: pm.Model,
     sampled: list[Variable],
@@ -95,13 +106,19 @@ def _probe_rows(
     initial_point: dict[str, np.ndarray],
     mb_names: list[str],
     data_size: int,
-    full_rows_graph: Variable | None = None,
+    full_rows_graph: Variable,
+    row_locals: bool,
 ) -> None:
-    """Evaluate the row graph on a 2-row batch (NumPy, no JAX) to catch misaligned data.
+    """Evaluate the row graph on 2-row batches (NumPy, no JAX) to catch misaligned data and
+    likelihoods that are not a sum over rows.
 
-    With row-aligned local variables (``full_rows_graph``, the row graph before any slicing)
-    the sliced rows must also equal the first rows of the full graph: a local that the
-    likelihood reads other than row by row would otherwise be sliced silently.
+    The rows of a batch must reproduce the full graph's terms for those rows
+    (``full_rows_graph``, before any slicing): at the first rows, and in the middle of the
+    data. A likelihood that links rows — a time series' recursion (``pm.AR``, a GARCH written
+    with ``scan``), a covariance across rows (a Gaussian process) — computes other terms
+    from a slice, or none of the right shape. With row-aligned local variables
+    (``row_locals``) the same comparison catches a local that the likelihood reads other than
+    row by row.
 
     A container the likelihood reads whose row count disagrees with ``N`` (say ``X`` with one
     row more than ``y``) is not sliced, so the batch's rows would broadcast against all of it;
@@ -115,31 +132,61 @@ def _probe_rows(
         on_unused_input="ignore",
     )
     args = [initial_point[v.name] for v in (*sampled, *fixed)]
-    args += [a[:probe_rows] for a in data_arrays]
-    try:
-        out = np.asarray(fn(*args))
-    except (ValueError, IndexError, AssertionError) as err:
-        raise _misaligned(model, mb_names, data_size, err) from err
-    if out.shape != (probe_rows,):
-        raise _misaligned(
-            model,
-            mb_names,
-            data_size,
-            f"a {probe_rows}-row minibatch gave log-likelihood rows of shape {out.shape}",
-        )
-    if full_rows_graph is not None:
-        full_fn = pytensor.function(
-            [*sampled, *fixed], full_rows_graph, mode="FAST_COMPILE", on_unused_input="ignore"
-        )
-        full = np.asarray(full_fn(*[initial_point[v.name] for v in (*sampled, *fixed)]))
-        if not np.allclose(out, full[:probe_rows], rtol=1e-6, atol=1e-8):
-            raise ModelNotSupportedError(
-                "A local variable whose leading axis is the data axis is read by the "
-                "likelihood other than row by row (the minibatch's rows do not reproduce the "
-                "full data's), so it cannot be minibatched with the data. Make the local's "
-                "leading axis differ from the data's, or index it with a row-aligned integer "
-                "array (pm.Data) in the likelihood."
+    starts = sorted({0, max(0, data_size // 2 - 1)})
+    outs = []
+    for start in starts:
+        try:
+            out = np.asarray(fn(*args, *[a[start : start + probe_rows] for a in data_arrays]))
+        except (ValueError, IndexError, AssertionError) as err:
+            raise NotRowSeparable(
+                str(_misaligned(model, mb_names, data_size, err)), mb_names, data_size
+            ) from err
+        if out.shape != (probe_rows,):
+            raise NotRowSeparable(
+                str(
+                    _misaligned(
+                        model,
+                        mb_names,
+                        data_size,
+                        f"a {probe_rows}-row minibatch gave log-likelihood rows of shape "
+                        f"{out.shape}",
+                    )
+                ),
+                mb_names,
+                data_size,
             )
+        outs.append(out)
+    full_fn = pytensor.function(
+        [*sampled, *fixed], full_rows_graph, mode="FAST_COMPILE", on_unused_input="ignore"
+    )
+    try:
+        full = np.asarray(full_fn(*args))
+    except (ValueError, IndexError, AssertionError) as err:
+        raise NotRowSeparable(
+            str(_misaligned(model, mb_names, data_size, err)), mb_names, data_size
+        ) from err
+    same = full.shape == (data_size,) and all(
+        np.allclose(out, full[start : start + probe_rows], rtol=1e-6, atol=1e-8, equal_nan=True)
+        for start, out in zip(starts, outs, strict=True)
+    )
+    if same:
+        return
+    if row_locals:
+        raise ModelNotSupportedError(
+            "A local variable whose leading axis is the data axis is read by the "
+            "likelihood other than row by row (the minibatch's rows do not reproduce the "
+            "full data's), so it cannot be minibatched with the data. Make the local's "
+            "leading axis differ from the data's, or index it with a row-aligned integer "
+            "array (pm.Data) in the likelihood."
+        )
+    raise NotRowSeparable(
+        f"The likelihood of {mb_names} is not a sum over rows: the log-density of rows "
+        f"{starts[-1]}-{starts[-1] + probe_rows - 1} computed from those rows alone differs "
+        "from their terms in the whole likelihood (it links rows: a time series' recursion, a "
+        "covariance across rows, a sum over the data).",
+        mb_names,
+        data_size,
+    )
 
 
 def _misaligned(

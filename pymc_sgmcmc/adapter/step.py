@@ -363,6 +363,8 @@ class SGMCMCStep(
                     "SGFS with out-of-core data=, or load the arrays into memory."
                 )
         n = self.problem.data_size
+        if self.problem.whole_likelihood_rows:
+            batch_size = None  # its one row: every data row in every iteration (build_problem)
         self.batch_size = int(batch_size) if batch_size is not None else default_batch_size(n)
         self._freeze_arg = None if freeze_locals is None else bool(freeze_locals)
         self._theta_mean: np.ndarray | None = None  # where a frozen q is fit (_refit_locals)

@@ -1,0 +1,168 @@
+"""Likelihoods that are not a sum over rows: read whole where every row is read anyway.
+
+A time series' recursion (``pm.AR``, a GARCH(1,1) written with ``scan``), a Gaussian process
+(a latent ``f`` over all the points), a ``pm.Potential``: at N ≤ 4 096 rows (every row in
+every iteration by default) the samplers run their exact full-batch chain on the whole
+likelihood and agree with NUTS; at large N one error names the observed variable and what
+to do, before anything compiles.
+
+Tolerance of the comparisons: every scalar's mean within 0.1 reference sd and its sd within
+10%, widened by three Monte Carlo standard errors from both runs' bulk ESS
+(``sqrt(1/ESS_ours + 1/ESS_ref)`` sds for a mean, ``sqrt(1/(2 ESS_ours) + 1/(2 ESS_ref))``
+for an sd ratio).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pymc as pm
+import pytensor
+import pytensor.tensor as pt
+import pytest
+from stack import dataset
+
+import pymc_sgmcmc as pmsg
+from pymc_sgmcmc.registry import SAMPLERS
+
+QUIET = dict(progressbar=False, compute_convergence_checks=False)
+
+
+def _ar_model(n: int, seed: int = 0) -> pm.Model:
+    rng = np.random.default_rng(seed)
+    y = np.zeros(n)
+    for t in range(1, n):
+        y[t] = 0.6 * y[t - 1] + rng.normal()
+    with pm.Model() as model:
+        rho = pm.Normal("rho", 0, 1, shape=1)
+        sigma = pm.HalfNormal("sigma", 1)
+        pm.AR("y", rho=rho, sigma=sigma, init_dist=pm.Normal.dist(0, 1), observed=y)
+    return model
+
+
+def _garch_model(n: int = 200, seed: int = 1) -> pm.Model:
+    """GARCH(1,1) written with its recursion: s²_t = ω + α r²_{t−1} + β s²_{t−1}."""
+    rng = np.random.default_rng(seed)
+    r = np.zeros(n)
+    s2 = 0.1
+    for t in range(n):
+        r[t] = np.sqrt(s2) * rng.normal()
+        s2 = 0.05 + 0.1 * r[t] ** 2 + 0.8 * s2
+    start = pt.as_tensor(np.var(r))
+    with pm.Model() as model:
+        omega = pm.HalfNormal("omega", 0.5)
+        alpha = pm.Uniform("alpha", 0, 0.5)
+        beta = pm.Uniform("beta", 0, 0.95)
+
+        def step(r_prev, s2_prev, omega, alpha, beta):
+            return omega + alpha * r_prev**2 + beta * s2_prev
+
+        path = pytensor.scan(
+            step,
+            sequences=[pt.as_tensor(r)[:-1]],
+            outputs_info=[start],
+            non_sequences=[omega, alpha, beta],
+            return_updates=False,
+        )
+        pm.Normal("r", 0, pt.sqrt(pt.concatenate([start[None], path])), observed=r)
+    return model
+
+
+def _gp_poisson_model() -> pm.Model:
+    """Counts at 11 points with a latent GP log-rate f over all of them."""
+    rng = np.random.default_rng(2)
+    x = np.linspace(0, 1, 11)[:, None]
+    counts = rng.poisson(np.exp(np.sin(6 * x[:, 0])))
+    with pm.Model() as model:
+        ell = pm.Gamma("ell", 2, 4)
+        eta = pm.HalfNormal("eta", 1)
+        gp = pm.gp.Latent(cov_func=eta**2 * pm.gp.cov.ExpQuad(1, ell))
+        f = gp.prior("f", X=x)
+        pm.Poisson("counts", mu=pm.math.exp(f), observed=counts)
+    return model
+
+
+def _agree(ours, reference, names):
+    import arviz as az
+
+    ess_ours = az.ess(dataset(ours)[names], method="bulk")
+    ess_ref = az.ess(dataset(reference)[names], method="bulk")
+    for name in names:
+        a = dataset(ours)[name].values.reshape(-1, *dataset(ours)[name].shape[2:])
+        b = dataset(reference)[name].values.reshape(-1, *dataset(reference)[name].shape[2:])
+        e1, e2 = np.asarray(ess_ours[name].values), np.asarray(ess_ref[name].values)
+        mean_tol = 0.1 + 3 * np.sqrt(1 / e1 + 1 / e2)
+        sd_tol = 0.1 + 3 * np.sqrt(1 / (2 * e1) + 1 / (2 * e2))
+        shift = np.abs(a.mean(0) - b.mean(0)) / b.std(0)
+        ratio = a.std(0) / b.std(0)
+        assert np.all(shift <= mean_tol), (name, shift, mean_tol)
+        assert np.all(np.abs(ratio - 1) <= sd_tol), (name, ratio, sd_tol)
+
+
+@pytest.mark.parametrize("entry", SAMPLERS, ids=lambda s: s.name)
+def test_every_sampler_reads_a_non_separable_likelihood_whole(entry):
+    with _ar_model(300):
+        step = entry.cls()
+    assert step.problem.whole_likelihood_rows == 300
+    assert step.problem.data_size == 1 and step.batch_size == 1
+    assert step.full_batch  # every row in every iteration: the exact (MALA) chain
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "build, sampler, names",
+    [
+        (lambda: _ar_model(300), "IASG", ["rho", "sigma"]),
+        (_garch_model, "SGLD", ["omega", "alpha", "beta"]),
+        (_gp_poisson_model, "ConstantSGD", ["ell", "eta", "f"]),
+    ],
+    ids=["ar", "garch", "gp-poisson"],
+)
+def test_whole_likelihoods_agree_with_nuts(build, sampler, names):
+    model = build()
+    with model:
+        ours = pmsg.sample(
+            step=getattr(pmsg, sampler)(),
+            draws=1000,
+            tune=500,
+            chains=2,
+            random_seed=1,
+            progressbar=False,
+        )
+        reference = pm.sample(
+            draws=1000,
+            tune=1000,
+            chains=2,
+            random_seed=2,
+            nuts_sampler="pymc",
+            target_accept=0.9,
+            **QUIET,
+        )
+    _agree(ours, reference, names)
+
+
+def test_a_non_separable_likelihood_at_large_n_gets_one_clear_error_before_compiling():
+    with _ar_model(10_000):
+        with pytest.raises(pmsg.DataShapeError) as info:
+            pmsg.IASG()
+    message = str(info.value)
+    assert "'y'" in message and "not" in message and "sum of one term per row" in message
+    assert "batch_size=N" in message and "minibatch_data=" in message and "NUTS" in message
+    # batch_size=N reads it whole, as asked
+    with _ar_model(10_000):
+        assert pmsg.SGLD(batch_size=10_000).problem.whole_likelihood_rows == 10_000
+
+
+def test_a_potential_likelihood_runs_at_full_batch():
+    rng = np.random.default_rng(4)
+    data = rng.normal(2.0, 1.0, 50)
+    with pm.Model():
+        mu = pm.Normal("mu", 0, 10)
+        pm.Potential("likelihood", pm.logp(pm.Normal.dist(mu, 1.0), data).sum())
+        idata = pmsg.sample(
+            step=pmsg.SGLD(), draws=400, tune=200, chains=2, random_seed=1, progressbar=False
+        )
+    post = dataset(idata)["mu"].values.ravel()
+    exact_mean = data.sum() / (50 + 1 / 100)
+    exact_sd = (50 + 1 / 100) ** -0.5
+    assert abs(post.mean() - exact_mean) < 0.15 * exact_sd + 4 * exact_sd / np.sqrt(300)
+    assert abs(post.std() / exact_sd - 1) < 0.15
