@@ -109,20 +109,22 @@ def test_every_sampler_reads_a_non_separable_likelihood_whole(entry):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "build, sampler, names",
+    "build, sampler, names, draws",
     [
-        (lambda: _ar_model(300), "IASG", ["rho", "sigma"]),
-        (_garch_model, "SGLD", ["omega", "alpha", "beta"]),
-        (_gp_poisson_model, "ConstantSGD", ["ell", "eta", "f"]),
+        (lambda: _ar_model(300), "IASG", ["rho", "sigma"], 1000),
+        (_garch_model, "SGLD", ["omega", "alpha", "beta"], 1000),
+        # The full-batch MALA chain mixes slowly on the GP's hyperparameters (ESS ~ 4% of
+        # draws): 1 000 draws leave the sd ratio to Monte Carlo noise the bulk ESS understates.
+        (_gp_poisson_model, "ConstantSGD", ["ell", "eta", "f"], 5000),
     ],
     ids=["ar", "garch", "gp-poisson"],
 )
-def test_whole_likelihoods_agree_with_nuts(build, sampler, names):
+def test_whole_likelihoods_agree_with_nuts(build, sampler, names, draws):
     model = build()
     with model:
         ours = pmsg.sample(
             step=getattr(pmsg, sampler)(),
-            draws=1000,
+            draws=draws,
             tune=500,
             chains=2,
             random_seed=1,
