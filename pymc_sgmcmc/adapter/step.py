@@ -510,6 +510,15 @@ class SGMCMCStep(
         """PyMC 5's start of a chain: :meth:`setup_chain`."""
         self.setup_chain(rng)
 
+    def reset_tuning(self) -> None:
+        """Tune again: PyMC calls this at the start of every chain, after setting ``tune``
+        on the step it samples with. A ``CompoundStep`` passes this call on to its methods
+        but not its ``tune``, so without it every chain after the first of a compound step
+        would skip tuning (one measurement at its initial point, far from the mode); as
+        PyMC's NUTS does (``BaseHMC.reset``). With ``tune=0`` PyMC calls
+        :meth:`stop_tuning` before the first draw."""
+        self.tune = True
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_compiled"] = None

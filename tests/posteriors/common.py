@@ -23,12 +23,37 @@ DATA = Path(__file__).parent / "data"
 
 __all__ = [
     "DATA",
+    "assert_agree",
     "flat",
     "laplace",
     "load_reference",
     "save_reference",
     "score",
 ]
+
+
+def assert_agree(ours: Any, reference: Any, names: list[str]) -> None:
+    """Every scalar of ``names`` in ``ours`` against a NUTS ``reference`` (results of
+    ``pm.sample``, or their posteriors as ``xarray.Dataset``): its mean within 0.1 reference sd and its sd within 10%, widened by three
+    Monte Carlo standard errors from both runs' bulk ESS (``sqrt(1/ESS_ours + 1/ESS_ref)``
+    sds for a mean, ``sqrt(1/(2 ESS_ours) + 1/(2 ESS_ref))`` for an sd ratio)."""
+    import arviz as az
+    import xarray as xr
+    from stack import dataset
+
+    ours, reference = (r if isinstance(r, xr.Dataset) else dataset(r) for r in (ours, reference))
+    ess_ours = az.ess(ours[names], method="bulk")
+    ess_ref = az.ess(reference[names], method="bulk")
+    for name in names:
+        a = ours[name].values.reshape(-1, *ours[name].shape[2:])
+        b = reference[name].values.reshape(-1, *reference[name].shape[2:])
+        e1, e2 = np.asarray(ess_ours[name].values), np.asarray(ess_ref[name].values)
+        mean_tol = 0.1 + 3 * np.sqrt(1 / e1 + 1 / e2)
+        sd_tol = 0.1 + 3 * np.sqrt(1 / (2 * e1) + 1 / (2 * e2))
+        shift = np.abs(a.mean(0) - b.mean(0)) / b.std(0)
+        ratio = a.std(0) / b.std(0)
+        assert np.all(shift <= mean_tol), (name, "mean shift / sd", shift, mean_tol)
+        assert np.all(np.abs(ratio - 1) <= sd_tol), (name, "sd ratio", ratio, sd_tol)
 
 
 def load_reference(path: str | Path) -> dict[str, np.ndarray]:
