@@ -149,6 +149,55 @@ INTRO = (
 SG_SAMPLERS = ("IASG", "IASG-lr10", "ConstantSGD", "SGFS", "SGLD", "SAGALD", "SVRGLD")
 # nutpie's JAX backend (for the logp and its gradient) instead of its default, numba.
 NUTPIE_JAX = {"backend": "jax", "gradient_backend": "jax"}
+
+
+def pymc_major() -> int:
+    """PyMC's major version (the script runs on PyMC 5 and 6)."""
+    import pymc as pm
+
+    return int(pm.__version__.split(".")[0])
+
+
+def nuts_sample_kwargs(driver: str) -> dict[str, Any]:
+    """``pm.sample`` arguments that select ``driver``'s NUTS on this PyMC. PyMC 6 takes
+    nutpie's backends as ``backend=`` / ``compile_kwargs={"gradient_backend": ...}`` (the
+    nested ``nuts_sampler_kwargs`` form is deprecated) and makes nutpie its default NUTS when
+    installed, so PyMC's own NUTS is asked for by name."""
+    if driver == "pymc":
+        return {"nuts_sampler": "pymc"}
+    if driver == "nutpie-jax":
+        if pymc_major() >= 6:
+            return {
+                "nuts_sampler": "nutpie",
+                "backend": "jax",
+                "compile_kwargs": {"gradient_backend": "jax"},
+            }
+        return {"nuts_sampler": "nutpie", "nuts_sampler_kwargs": NUTPIE_JAX}
+    return {"nuts_sampler": driver}
+
+
+def stat_values(result: Any) -> Any:
+    """``az.ess`` / ``az.rhat`` of a posterior as one DataArray (ArviZ 0.x returns a
+    Dataset, ArviZ 1 a DataTree)."""
+    import xarray as xr
+
+    if isinstance(result, xr.DataTree):
+        result = result.to_dataset()
+    return result.to_array()
+
+
+def posterior_and_stats(idata: Any) -> Any:
+    """A result with only its posterior and sample_stats groups (InferenceData or DataTree)."""
+    import arviz as az
+    import xarray as xr
+
+    if isinstance(idata, xr.DataTree):  # ArviZ 1
+        return xr.DataTree.from_dict(
+            {g: idata[g].to_dataset() for g in ("posterior", "sample_stats")}
+        )
+    return az.InferenceData(posterior=idata.posterior, sample_stats=idata.sample_stats)
+
+
 # Tuning draws as on each sampler's documentation page (docs/samplers/*.md).
 SG_TUNE = {
     "IASG": 20,
@@ -355,11 +404,14 @@ def _tta(spec: dict) -> dict:
         else:
             t_step = 0.0
             if driver == "pymc":
-                idata = pm.sample(cores=spec["cores"], discard_tuned_samples=False, **common)
-            elif driver == "nutpie-jax":
-                idata = pm.sample(nuts_sampler="nutpie", nuts_sampler_kwargs=NUTPIE_JAX, **common)
+                idata = pm.sample(
+                    cores=spec["cores"],
+                    discard_tuned_samples=False,
+                    **nuts_sample_kwargs(driver),
+                    **common,
+                )
             else:
-                idata = pm.sample(nuts_sampler=driver, **common)
+                idata = pm.sample(**nuts_sample_kwargs(driver), **common)
     wall = time.perf_counter() - t0
     peak, child_peak = _peaks_mb()
     out = {
@@ -437,9 +489,9 @@ def _reference(spec: dict) -> dict:
             compute_convergence_checks=False,
         )
     wall = time.perf_counter() - t0
-    ess = az.ess(idata.posterior, var_names=names, method="bulk").to_array()
-    rhat = az.rhat(idata.posterior, var_names=names).to_array()
-    keep = az.InferenceData(posterior=idata.posterior, sample_stats=idata.sample_stats)
+    ess = stat_values(az.ess(idata.posterior, var_names=names, method="bulk"))
+    rhat = stat_values(az.rhat(idata.posterior, var_names=names))
+    keep = posterior_and_stats(idata)
     keep.posterior.attrs.update(
         {
             "bench_wall_seconds": wall,
@@ -472,7 +524,11 @@ def _laplace_reference(spec: dict, model: Any, names: list[str]) -> dict:
     wall = time.perf_counter() - t0
     if not fit["converged"]:
         raise RuntimeError("Laplace did not converge")
-    idata = az.from_dict(posterior={k: fit["draws"][k] for k in names})
+    posterior = {k: fit["draws"][k] for k in names}
+    if int(az.__version__.split(".")[0]) >= 1:
+        idata = az.from_dict({"posterior": posterior})
+    else:
+        idata = az.from_dict(posterior=posterior)
     idata.posterior.attrs.update(
         {
             "bench_wall_seconds": wall,
@@ -737,14 +793,14 @@ def ensure_reference(args: argparse.Namespace, n: int) -> dict:
 
         ref = az.from_netcdf(path)
         names = var_names(args.design)
-        ess = az.ess(ref.posterior, var_names=names, method="bulk").to_array()
+        ess = stat_values(az.ess(ref.posterior, var_names=names, method="bulk"))
         info = {
             "path": str(path),
             "reused": True,
             "wall": float(ref.posterior.attrs.get("bench_wall_seconds", float("nan"))),
             "created": str(ref.posterior.attrs.get("bench_created", "?")),
             "ess_min": float(ess.min()),
-            "rhat_max": float(az.rhat(ref.posterior, var_names=names).to_array().max()),
+            "rhat_max": float(stat_values(az.rhat(ref.posterior, var_names=names)).max()),
         }
         log(f"N={n}: reusing the cached reference {path} (made {info['created']})")
         return info

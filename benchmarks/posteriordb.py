@@ -81,6 +81,8 @@ def cells(args) -> list[tuple[str, str, str, list[str] | None]]:
         out.append(("nyc", "nyc_flights_plain", "full", None))
     if args.only:
         out = [c for c in out if any(o in c[1] for o in args.only)]
+    if getattr(args, "full_only", False):
+        out = [c for c in out if c[2] == "full"]
     return out
 
 
@@ -270,6 +272,9 @@ def main() -> None:
     parser.add_argument("--local-only", action="store_true", help="only the local_vars cells")
     parser.add_argument("--only", nargs="*", help="substrings of posterior names")
     parser.add_argument("--full", action="store_true", help="also the full-size stress cases")
+    parser.add_argument(
+        "--full-only", action="store_true", help="with --full: only the full-size cells"
+    )
     parser.add_argument("--quick", action="store_true", help="200 draws, 2 chains: a smoke run")
     parser.add_argument("--draws", type=int, default=2000)
     parser.add_argument("--tune", type=int, default=500)

@@ -61,9 +61,7 @@ def reference():
     with model:
         cont = [model[name] for name in CONTINUOUS]
         step = [pm.NUTS(cont), pm.CategoricalGibbsMetropolis([model["k"]])]
-        return _with_indicator(
-            pm.sample(step=step, draws=3000, tune=1000, random_seed=1, **RUN)
-        )
+        return _with_indicator(pm.sample(step=step, draws=3000, tune=1000, random_seed=1, **RUN))
 
 
 @pytest.mark.slow
