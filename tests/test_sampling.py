@@ -397,13 +397,19 @@ def test_pm_sample_runs_four_chains_side_by_side_on_two_cores(model, caplog):
     assert side_by_side.posterior.attrs["sgmcmc_samplers"] == "SGLD"
 
 
-def test_auto_chain_method_takes_processes_for_long_runs_only(model):
+def test_auto_chain_method_takes_processes_for_long_runs_only(model, monkeypatch):
+    from pymc_sgmcmc.adapter import sampling
     from pymc_sgmcmc.adapter.sampling import resolve_chain_method
 
     with model:
         step = pmsg.IASG(batch_size=100)
+    # Whether an earlier test in this pytest worker left the worker processes up is not
+    # this test's business: "auto" takes them whenever they are (checked last).
+    monkeypatch.setattr(sampling, "workers_running", lambda: False)
     # this model: N = 2 000 rows, D = 3, 1 pass per draw
     assert resolve_chain_method("auto", step, 4, 1000, 1000, 2) == "vectorized"
     assert resolve_chain_method("auto", step, 4, 10**6, 10**6, 2) == "processes"
     assert resolve_chain_method("auto", step, 4, 10**6, 10**6, 1) == "vectorized"  # one group
     assert resolve_chain_method("vectorized", step, 4, 10**6, 10**6, 2) == "vectorized"
+    monkeypatch.setattr(sampling, "workers_running", lambda: True)
+    assert resolve_chain_method("auto", step, 4, 1000, 1000, 2) == "processes"
