@@ -13,6 +13,8 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
+
 _SCRIPT = textwrap.dedent(
     """
     import json
@@ -134,9 +136,12 @@ _NUTS = textwrap.dedent(
 
 
 def test_pymcs_external_nuts_samplers_are_unaffected_by_importing_the_package(tmp_path):
-    """PyMC's NUTS through numpyro (and nutpie where installed) draws the same, bit for bit,
-    whether or not pymc_sgmcmc was imported first (it imports PyTensor's JAX backend and
-    wraps pm.sample's internals): each run in a fresh interpreter."""
+    """PyMC's NUTS through numpyro (and nutpie where installed) draws the same whether or
+    not pymc_sgmcmc was imported first (it imports PyTensor's JAX backend and wraps
+    pm.sample's internals): each run in a fresh interpreter. numpyro's draws bit for bit;
+    nutpie's to 1e-9 relative — its numba-compiled draws once differed in the last bits
+    between two fresh interpreters (1e-11, Python 3.11, pytest-xdist beside it) and agreed
+    bit for bit when rerun, with and without the import."""
     samplers = ["numpyro"]
     if importlib.util.find_spec("nutpie") is not None:
         samplers.append("nutpie")
@@ -153,5 +158,11 @@ def test_pymcs_external_nuts_samplers_are_unaffected_by_importing_the_package(tm
         assert run.returncode == 0, run.stderr[-3000:]
         line = next(ln for ln in run.stdout.splitlines() if ln.startswith("RESULT"))
         results.append(json.loads(line[len("RESULT") :]))
-    assert results[0] == results[1]
-    assert all(dtype == "float64" for _, dtype in results[0].values())
+    assert results[0].keys() == results[1].keys()
+    for sampler, (draws, dtype) in results[0].items():
+        other, other_dtype = results[1][sampler]
+        assert dtype == other_dtype == "float64"
+        if sampler == "nutpie":
+            np.testing.assert_allclose(draws, other, rtol=1e-9)
+        else:
+            assert draws == other, sampler
