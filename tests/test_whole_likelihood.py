@@ -126,7 +126,7 @@ def test_whole_likelihoods_agree_with_nuts(build, sampler, names, draws):
 
 
 def test_a_non_separable_likelihood_at_large_n_gets_one_clear_error_before_compiling():
-    with _ar_model(10_000):
+    with _ar_model(100_000):
         with pytest.raises(pmsg.DataShapeError) as info:
             pmsg.IASG()
     message = str(info.value)
