@@ -139,9 +139,11 @@ def test_pymcs_external_nuts_samplers_are_unaffected_by_importing_the_package(tm
     """PyMC's NUTS through numpyro (and nutpie where installed) draws the same whether or
     not pymc_sgmcmc was imported first (it imports PyTensor's JAX backend and wraps
     pm.sample's internals): each run in a fresh interpreter. numpyro's draws bit for bit;
-    nutpie's to 1e-9 relative — its numba-compiled draws once differed in the last bits
-    between two fresh interpreters (1e-11, Python 3.11, pytest-xdist beside it) and agreed
-    bit for bit when rerun, with and without the import."""
+    nutpie's to 1e-6 relative — its numba-compiled draws differ between fresh interpreters
+    when the machine is busy: 1e-11 once (Python 3.11, pytest-xdist beside it), 4.7e-9 on
+    PyMC 6.0 / PyTensor 3.0 (the suite's two workers beside it), and bit for bit when rerun
+    on a quiet machine, with and without the import. What the test guards against (float32
+    draws, another model compiled, a changed seed) moves the draws by far more."""
     samplers = ["numpyro"]
     if importlib.util.find_spec("nutpie") is not None:
         samplers.append("nutpie")
@@ -163,6 +165,6 @@ def test_pymcs_external_nuts_samplers_are_unaffected_by_importing_the_package(tm
         other, other_dtype = results[1][sampler]
         assert dtype == other_dtype == "float64"
         if sampler == "nutpie":
-            np.testing.assert_allclose(draws, other, rtol=1e-9)
+            np.testing.assert_allclose(draws, other, rtol=1e-6)
         else:
             assert draws == other, sampler
