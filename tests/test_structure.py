@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parent.parent / "pymc_sgmcmc"
 
 # Function-local imports are for starting JAX lazily and for optional dependencies only.
@@ -171,3 +173,16 @@ def test_every_private_pymc_name_listed_resolves():
         except (ImportError, AttributeError) as error:
             missing.append(f"{path}: {error}")
     assert not missing, missing
+
+
+def test_an_unsupported_pymc_gets_one_message_naming_the_supported_ones():
+    from pymc_sgmcmc.adapter.internals import check_versions
+
+    for supported in ("6.0.0", "6.4.0", "6.10.1", "5.28.5"):
+        check_versions(supported)
+    for unsupported in ("5.27.1", "7.0.0", "4.4.0"):
+        with pytest.raises(ImportError) as info:
+            check_versions(unsupported)
+        message = str(info.value)
+        assert f"PyMC {unsupported}" in message
+        assert "PyMC 6.0 up to (not including) 7.0" in message and "PyMC 5.28" in message

@@ -16,8 +16,9 @@ __all__ = ["PRIVATE_NAMES", "SUPPORTED", "check_versions"]
 
 # (lowest, first unsupported) PyMC release per stack: PyMC 6 on Python >= 3.12, PyMC 5.28 on
 # Python 3.11 (PyMC 6 needs Python >= 3.12; kept through the 0.2 series). The lowest PyMC 6 is
-# the one the suite has passed on (6.4); 6.0-6.3 were not tried.
-SUPPORTED = {"pymc6": ((6, 4), (7, 0)), "pymc5": ((5, 28), (6, 0))}
+# the first release: PyMC 6.0.0 with PyTensor 3.0.7 (what it resolves to) passed the development
+# loop once (2026-11-27); CI tests the newest.
+SUPPORTED = {"pymc6": ((6, 0), (7, 0)), "pymc5": ((5, 28), (6, 0))}
 
 
 def _release(version: str) -> tuple[int, int]:
@@ -36,7 +37,7 @@ def check_versions(version: str | None = None) -> None:
         f"pymc_sgmcmc supports PyMC {l6[0]}.{l6[1]} up to (not including) {h6[0]}.{h6[1]} on "
         f"Python >= 3.12, and PyMC {l5[0]}.{l5[1]} up to {h5[0]}.{h5[1]} on Python 3.11; this "
         f"environment has PyMC {version} (Python {sys.version_info[0]}.{sys.version_info[1]}). "
-        "Install a supported PyMC (pip install 'pymc>=6.4,<7' on Python >= 3.12), or a "
+        "Install a supported PyMC (pip install 'pymc>=6,<7' on Python >= 3.12), or a "
         "pymc_sgmcmc release that supports yours."
     )
 
@@ -47,7 +48,9 @@ def check_versions(version: str | None = None) -> None:
 # (BlockedStep, stats_dtypes_shapes, sampling_state, setup_chain), callbacks and trace
 # backends — are used where they serve: they cover a step's draws and stats, but not what
 # pm.sample does around them (which steps it chose, how it runs chains, what it returns).
-CHECKED = "PyMC 5.28.5 / PyTensor 2.38.3 and PyMC 6.4.0 / PyTensor 3.3.8"
+CHECKED = (
+    "PyMC 5.28.5 / PyTensor 2.38.3, PyMC 6.0.0 / PyTensor 3.0.7 and PyMC 6.4.0 / PyTensor 3.3.8"
+)
 PRIVATE_NAMES: dict[str, str] = {
     # -- pm.sample's internals, wrapped by adapter.hooks --------------------------------------
     "pymc.sampling.mcmc.assign_step_methods": (
