@@ -19,8 +19,8 @@ from pymc_sgmcmc.tuning.marginal import solve_columns
 from pymc_sgmcmc.tuning.whitening import Whitening
 
 # The globals whose marginal the self-check tests with the joint curvature: with local
-# variables every sampled coordinate (up to MAX_GLOBALS); without, under a diagonal whitening,
-# the coordinates of the small variables (at most GLOBAL_VARIABLE_MAX coordinates each:
+# variables every sampled coordinate (up to MAX_GLOBALS); without, the coordinates of the
+# small variables (at most GLOBAL_VARIABLE_MAX coordinates each:
 # intercepts, slopes, scales) when larger ones (group effects) are sampled beside them.
 GLOBAL_VARIABLE_MAX = 16
 MAX_GLOBALS = 64
@@ -55,9 +55,11 @@ class SelfCheckGlue:
     def _global_indices(self) -> np.ndarray:
         """The raveled coordinates whose *marginal* the self-check tests with the joint
         curvature (:mod:`pymc_sgmcmc.tuning.marginal`): where the check's own metric sees
-        only their conditional — with local variables (q fitted at given globals), and under
-        a diagonal whitening with group effects beside them. Empty where the data are
-        streamed or sharded (no full-data pass to measure it) or locals follow the rows."""
+        only their conditional — with local variables (q fitted at given globals), and with
+        group effects beside them, whatever the whitening (a dense one is measured on a block
+        of rows and tuned for the joint; the globals' marginal is what users read). Empty
+        where the data are streamed or sharded (no full-data pass to measure it) or locals
+        follow the rows."""
         problem = self.problem
         sharded = self.devices not in (None, 1, "chains")
         if self.streaming or sharded or problem.row_local_names:
@@ -65,9 +67,7 @@ class SelfCheckGlue:
         sizes = [info.size for info in problem.var_infos]
         if self.hybrid is not None and problem.dim <= MAX_GLOBALS:
             return np.arange(problem.dim)
-        if self.hybrid is None and (
-            self.whitening_kind == "dense" or max(sizes, default=0) <= GLOBAL_VARIABLE_MAX
-        ):
+        if self.hybrid is None and max(sizes, default=0) <= GLOBAL_VARIABLE_MAX:
             return np.zeros(0, dtype=int)
         out, start = [], 0
         for size in sizes:

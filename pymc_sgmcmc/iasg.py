@@ -13,7 +13,7 @@ import numpy as np
 from pymc_sgmcmc.preconditioned_sgd import _PreconditionedSGD
 from pymc_sgmcmc.tuning import lanczos_extremes
 from pymc_sgmcmc.tuning.rates import Rates, iasg_rule, iasg_window
-from pymc_sgmcmc.tuning.whitening import psd_sqrt
+from pymc_sgmcmc.tuning.whitening import DENSE_MAX_DIM, psd_sqrt
 
 __all__ = ["IASG"]
 
@@ -135,12 +135,17 @@ class IASG(_PreconditionedSGD):
         relaxation = 1.0 / rate
         if self.window < 5 * relaxation:
             self._warned = True
+            fix = (
+                "Use preconditioner='full' (its cost per iteration grows as the square of the "
+                "dimension)."
+                if self.problem.dim <= DENSE_MAX_DIM
+                else "Use ConstantSGD() or SGLD(), which average no window."
+            )
             warnings.warn(
                 f"IASG: the slowest direction relaxes in about {relaxation:.0f} iterations but the "
                 f"window is {self.window}: along it the draws will be too narrow (the window "
                 "misses part of its variance, about relaxation/window of it) and correlated. "
-                "Use preconditioner='full' (its cost per iteration grows as the square of the "
-                "dimension).",
+                + fix,
                 UserWarning,
                 stacklevel=2,
             )

@@ -49,6 +49,15 @@ class _PreconditionedSGD(SGMCMCStep):
             raise ValueError(
                 f"preconditioner must be 'auto', 'scalar', 'diagonal' or 'full', got {preconditioner!r}."
             )
+        if preconditioner == "full" and self.problem.dim > DENSE_MAX_DIM:
+            # Above DENSE_MAX_DIM the tuning measures the curvature and the noise as diagonals:
+            # "full" would be a diagonal whitening under a dense name (and IASG's window and
+            # warnings would take it for a dense one). As SGLD does, say so.
+            raise ValueError(
+                f"preconditioner='full' needs the {self.problem.dim}x{self.problem.dim} curvature "
+                f"and gradient-noise matrices, measured up to {DENSE_MAX_DIM} dimensions only; "
+                f"above it use preconditioner='diagonal' (or 'auto', which chooses it)."
+            )
         self.preconditioner: str = preconditioner
         self.whitening_kind = {"full": "dense", "diagonal": "diagonal", "scalar": "scalar"}[
             preconditioner

@@ -146,8 +146,9 @@ class SGFS(ConstantSGD):
     Parameters
     ----------
     preconditioner
-        ``"full"`` (default; Theorem 5: the stationary distribution is the Gaussian posterior)
-        or ``"diagonal"`` (Corollary 6).
+        ``"auto"`` (default: ``"full"`` up to 500 dimensions, else ``"diagonal"``),
+        ``"full"`` (Theorem 5: the stationary distribution is the Gaussian posterior) or
+        ``"diagonal"`` (Corollary 6).
     h_max
         Largest step :math:`H_{kk}` (in units of the unconstrained parameters per unit of
         N-scale gradient), or ``None`` (default: no extra noise).
@@ -172,7 +173,7 @@ class SGFS(ConstantSGD):
         self,
         vars: Sequence[Any] | None = None,
         *,
-        preconditioner: str = "full",
+        preconditioner: str = "auto",
         h_max: float | None = None,
         **kwargs: Any,
     ) -> None:
@@ -184,9 +185,9 @@ class SGFS(ConstantSGD):
                         "H is tuned from the gradient noise; bound it with h_max."
                     )
                 del kwargs[name]
-        if preconditioner not in ("full", "diagonal"):
+        if preconditioner not in ("auto", "full", "diagonal"):
             raise ValueError(
-                f"SGFS preconditioner must be 'full' or 'diagonal', got {preconditioner!r}."
+                f"SGFS preconditioner must be 'auto', 'full' or 'diagonal', got {preconditioner!r}."
             )
         if h_max is not None:
             if isinstance(h_max, bool) or not isinstance(h_max, int | float | np.number):

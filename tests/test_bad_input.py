@@ -598,3 +598,21 @@ def test_missing_values_say_drop_the_rows_first():
     message = str(info.value)
     assert message.index("drop those rows") < message.index("PyMC split")
     assert "pm.Data predictor" in message
+
+
+@pytest.mark.parametrize("sampler", ["IASG", "ConstantSGD", "SGFS", "SGLD"])
+def test_a_full_preconditioner_above_500_dimensions_is_refused_naming_the_fix(sampler):
+    """Above 500 dimensions the tuning measures the curvature and the noise as diagonals: a
+    preconditioner="full" there was a diagonal whitening under a dense name (IASG then took
+    the shorter window of a dense one and skipped its window warning, whose advice was to
+    pass "full"). Every sampler refuses it, before compiling, and "auto" (SGFS's default
+    too) takes the diagonal."""
+    rng = np.random.default_rng(0)
+    groups = np.arange(6000) % 600
+    with pm.Model():
+        u = pm.Normal("u", 0, 1, shape=600)
+        pm.Normal("y", u[groups], 1.0, observed=rng.normal(size=6000))
+        with pytest.raises(ValueError, match=r"preconditioner='full'.*preconditioner='diagonal'"):
+            getattr(pmsg, sampler)(preconditioner="full")
+        if sampler != "SGLD":
+            assert getattr(pmsg, sampler)().whitening_kind == "diagonal"
