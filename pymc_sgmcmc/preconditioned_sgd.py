@@ -15,7 +15,7 @@ from pymc_sgmcmc.adapter.step import SGMCMCStep, _preconditioner_summary
 from pymc_sgmcmc.kernels import sgd
 from pymc_sgmcmc.schedules import Schedule
 from pymc_sgmcmc.tuning import NoiseEstimate
-from pymc_sgmcmc.tuning.whitening import DENSE_MAX_DIM
+from pymc_sgmcmc.tuning.whitening import resolve_preconditioner
 
 __all__: list[str] = []
 
@@ -43,21 +43,11 @@ class _PreconditionedSGD(SGMCMCStep):
         **kwargs: Any,
     ) -> None:
         super().__init__(vars, **kwargs)
-        if preconditioner == "auto":
-            preconditioner = "full" if self.problem.dim <= DENSE_MAX_DIM else "diagonal"
-        if preconditioner not in ("scalar", "diagonal", "full"):
+        if preconditioner not in ("auto", "scalar", "diagonal", "full"):
             raise ValueError(
                 f"preconditioner must be 'auto', 'scalar', 'diagonal' or 'full', got {preconditioner!r}."
             )
-        if preconditioner == "full" and self.problem.dim > DENSE_MAX_DIM:
-            # Above DENSE_MAX_DIM the tuning measures the curvature and the noise as diagonals:
-            # "full" would be a diagonal whitening under a dense name (and IASG's window and
-            # warnings would take it for a dense one). As SGLD does, say so.
-            raise ValueError(
-                f"preconditioner='full' needs the {self.problem.dim}x{self.problem.dim} curvature "
-                f"and gradient-noise matrices, measured up to {DENSE_MAX_DIM} dimensions only; "
-                f"above it use preconditioner='diagonal' (or 'auto', which chooses it)."
-            )
+        preconditioner = resolve_preconditioner(preconditioner, self.problem.dim)
         self.preconditioner: str = preconditioner
         self.whitening_kind = {"full": "dense", "diagonal": "diagonal", "scalar": "scalar"}[
             preconditioner

@@ -14,7 +14,7 @@ from pymc_sgmcmc.kernels import sgld
 from pymc_sgmcmc.schedules import Schedule, as_schedule
 from pymc_sgmcmc.tuning import NoiseEstimate, sgld_step_size
 from pymc_sgmcmc.tuning.rates import Rates, langevin_rule
-from pymc_sgmcmc.tuning.whitening import DENSE_MAX_DIM
+from pymc_sgmcmc.tuning.whitening import resolve_preconditioner
 
 __all__ = ["SGLD"]
 
@@ -88,14 +88,7 @@ class SGLD(SGMCMCStep):
                 "SGLD preconditioner must be 'auto', 'full', 'diagonal', None or 'rmsprop', got "
                 f"{preconditioner!r}."
             )
-        if preconditioner == "full" and self.problem.dim > DENSE_MAX_DIM:
-            raise ValueError(
-                f"preconditioner='full' needs the {self.problem.dim}x{self.problem.dim} Hessian "
-                f"({self.problem.dim} Hessian-vector products per measurement); above "
-                f"{DENSE_MAX_DIM} dimensions use preconditioner='diagonal'."
-            )
-        if preconditioner == "auto":
-            preconditioner = "full" if self.problem.dim <= DENSE_MAX_DIM else "diagonal"
+        preconditioner = resolve_preconditioner(preconditioner, self.problem.dim)
         self.preconditioner = preconditioner
         self.precond_value: np.ndarray | None = None
         self.inject_value: np.ndarray | None = None

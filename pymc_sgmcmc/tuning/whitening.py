@@ -26,11 +26,27 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["DENSE_MAX_DIM", "FLOOR", "Whitening", "psd_sqrt"]
+__all__ = ["DENSE_MAX_DIM", "FLOOR", "Whitening", "psd_sqrt", "resolve_preconditioner"]
 
 DENSE_MAX_DIM = 500
 """Up to this many dimensions the whitening is dense (a ``D × D`` curvature: 2 MB, and an
 ``O(D³)`` eigendecomposition of ~15 ms per retune at 500); above it, diagonal."""
+
+
+def resolve_preconditioner(preconditioner: str | None, dim: int) -> str | None:
+    """``"auto"`` as ``"full"`` up to :data:`DENSE_MAX_DIM` dimensions, else ``"diagonal"``;
+    ``"full"`` above it refused (the tuning measures the curvature and the noise as diagonals
+    there: it would be a diagonal whitening under a dense name); anything else as given."""
+    if preconditioner == "auto":
+        return "full" if dim <= DENSE_MAX_DIM else "diagonal"
+    if preconditioner == "full" and dim > DENSE_MAX_DIM:
+        raise ValueError(
+            f"preconditioner='full' needs the {dim}x{dim} curvature and gradient-noise "
+            f"matrices, measured up to {DENSE_MAX_DIM} dimensions only; above it use "
+            "preconditioner='diagonal' (or 'auto', which chooses it)."
+        )
+    return preconditioner
+
 
 FLOOR = 1e-14
 """Relative floor of the curvature's eigenvalues: natural-units posteriors reach condition
