@@ -9,6 +9,7 @@ functions and chain state), kept apart so that the step's module holds the draw 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,11 @@ from pymc_sgmcmc.tuning.measurements import NOISE_CHUNK_WORK
 from pymc_sgmcmc.tuning.rates import Rates
 from pymc_sgmcmc.tuning.tuner import Measurement, Tuned, Tuner
 from pymc_sgmcmc.tuning.whitening import DENSE_MAX_DIM, Whitening
+
+# The chains of pmsg.sample's thread groups measure at the same time: a function built on
+# first use is compiled under this lock, so the second chain finds it compiled (two first
+# calls at once compiled it twice: 2 x 2.6 s for the row stiffness of a 4-D model).
+FIRST_USE = threading.Lock()
 
 __all__ = ["AutomaticTuning", "ExactMALA", "ModeSearch"]
 
@@ -162,59 +168,68 @@ class AutomaticTuning:
         ran SAGA-LD away (one chain of two to ~1 000 sds) and diverged SVRG-LD late; constant
         SGD's rarest counties had sds 0.68x (0.91x with the cap, 2 x 1000 draws)."""
         import jax
-        import jax.numpy as jnp
 
         compiled = self._compile()
-        fn = compiled.get("row_stiffness")
         n, b = self.problem.data_size, self.batch_size
-        dim = self.problem.dim
-        if fn is None:
-            loglik_rows = self.problem.jax_functions()["loglik_rows"]
-            size = min(n, max(64, NOISE_CHUNK_WORK // max(dim * dim // 16, dim, 1)))
-            starts, masks = full_data_chunks(n, size)
-
-            def row_hvp(position, fixed, row, u):
-                # H_i u for one row: the Hessian of the row's potential along u.
-                def grad_u(th):
-                    one = tuple(a[None] for a in row)
-                    return jax.grad(lambda t: -jnp.sum(loglik_rows(t, fixed, one)))(th)
-
-                return jax.jvp(grad_u, (position,), (u,))[1]
-
-            def largest(position, fixed, data, factor):
-                dense = factor.ndim == 2
-
-                def to_theta(v):  # L v, rows of v
-                    return v @ factor.T if dense else v * factor
-
-                def to_white(g):  # Lᵀ g
-                    return g @ factor if dense else g * factor
-
-                def chunk(best, xs):
-                    start, mask = xs
-                    rows = tuple(jax.lax.dynamic_slice_in_dim(a, start, size) for a in data)
-                    key = jax.random.fold_in(jax.random.PRNGKey(0), start)
-                    v = jax.random.normal(key, (size, dim), dtype=position.dtype)
-                    hvp = jax.vmap(row_hvp, in_axes=(None, None, 0, 0))
-
-                    def power(v, _):
-                        w = to_white(hvp(position, fixed, rows, to_theta(v)))
-                        norm = jnp.linalg.norm(w, axis=1, keepdims=True)
-                        return w / jnp.maximum(norm, 1e-300), None
-
-                    v, _ = jax.lax.scan(power, v, None, length=ROW_POWER_ITERATIONS)
-                    w = to_white(hvp(position, fixed, rows, to_theta(v)))
-                    lam = jnp.abs(jnp.sum(v * w, axis=1))
-                    return jnp.maximum(best, jnp.max(jnp.where(mask, lam, 0.0))), None
-
-                best, _ = jax.lax.scan(chunk, jnp.zeros((), position.dtype), (starts, masks))
-                return best
-
-            fn = compiled["row_stiffness"] = jax.jit(largest)
         factor = np.asarray(Whitening.from_curvature(curvature).factor(), dtype=self.problem.dtype)
-        data = tuple(a[:n] for a in compiled["data"])
-        lam = float(fn(state.position, fixed, data, factor))
+        args = (state.position, fixed, tuple(a[:n] for a in compiled["data"]), factor)
+        with FIRST_USE:  # built and compiled once; each chain's pass runs outside the lock
+            fn = compiled.get("row_stiffness")
+            if fn is None:
+                fn = compiled["row_stiffness"] = jax.jit(self._row_stiffness_function(n))
+            fn.lower(*args).compile()
+        lam = float(fn(*args))
         return (n / b) * lam if np.isfinite(lam) else None
+
+    def _row_stiffness_function(self, n: int) -> Callable:
+        """``largest(position, fixed, data, factor)``: max over the rows of the power
+        iteration's ``λmax(Lᵀ H_i L)``, ``L`` the whitening factor (dense or diagonal)."""
+        import jax
+        import jax.numpy as jnp
+
+        dim = self.problem.dim
+        loglik_rows = self.problem.jax_functions()["loglik_rows"]
+        size = min(n, max(64, NOISE_CHUNK_WORK // max(dim * dim // 16, dim, 1)))
+        starts, masks = full_data_chunks(n, size)
+
+        def row_hvp(position, fixed, row, u):
+            # H_i u for one row: the Hessian of the row's potential along u.
+            def grad_u(th):
+                one = tuple(a[None] for a in row)
+                return jax.grad(lambda t: -jnp.sum(loglik_rows(t, fixed, one)))(th)
+
+            return jax.jvp(grad_u, (position,), (u,))[1]
+
+        def largest(position, fixed, data, factor):
+            dense = factor.ndim == 2
+
+            def to_theta(v):  # L v, rows of v
+                return v @ factor.T if dense else v * factor
+
+            def to_white(g):  # Lᵀ g
+                return g @ factor if dense else g * factor
+
+            def chunk(best, xs):
+                start, mask = xs
+                rows = tuple(jax.lax.dynamic_slice_in_dim(a, start, size) for a in data)
+                key = jax.random.fold_in(jax.random.PRNGKey(0), start)
+                v = jax.random.normal(key, (size, dim), dtype=position.dtype)
+                hvp = jax.vmap(row_hvp, in_axes=(None, None, 0, 0))
+
+                def power(v, _):
+                    w = to_white(hvp(position, fixed, rows, to_theta(v)))
+                    norm = jnp.linalg.norm(w, axis=1, keepdims=True)
+                    return w / jnp.maximum(norm, 1e-300), None
+
+                v, _ = jax.lax.scan(power, v, None, length=ROW_POWER_ITERATIONS)
+                w = to_white(hvp(position, fixed, rows, to_theta(v)))
+                lam = jnp.abs(jnp.sum(v * w, axis=1))
+                return jnp.maximum(best, jnp.max(jnp.where(mask, lam, 0.0))), None
+
+            best, _ = jax.lax.scan(chunk, jnp.zeros((), position.dtype), (starts, masks))
+            return best
+
+        return largest
 
     def _relative_stiffness(self, position: Any, fixed: tuple, key: Any, diag: np.ndarray) -> float:
         """``λmax(diag(A)⁻¹ H)`` on a block of rows (power iteration on the device): how much
