@@ -7,7 +7,6 @@ import shutil
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -124,36 +123,6 @@ def regression_10k() -> ConjugateRegression:
 def regression_d10() -> ConjugateRegression:
     """Mandt et al. §7.2's setting: linear regression, D = 10, known noise (A = C holds)."""
     return make_regression(10_000, 10, seed=3)
-
-
-def logistic_model(n: int, d: int, seed: int, scales) -> Callable[[], pm.Model]:
-    """A builder of a PyMC logistic regression on generated data (N(0,1) prior on β)."""
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, d)) * np.asarray(scales)
-    true = rng.normal(size=d) * 0.5
-    y = rng.random(n) < 1 / (1 + np.exp(-(X @ true)))
-
-    def build() -> pm.Model:
-        with pm.Model() as model:
-            beta = pm.Normal("beta", 0, 1, shape=d)
-            pm.Bernoulli("y", logit_p=pm.Data("X", X) @ beta, observed=y)
-        return model
-
-    return build
-
-
-def numpyro_nuts(build: Callable[[], pm.Model], **sample_kwargs):
-    """A NUTS reference with numpyro, the fastest NUTS here (PyMC's own has no BLAS in a pip
-    install). Importing pymc.sampling.jax rewrites XLA_FLAGS; it is restored for later tests."""
-    saved = os.environ.get("XLA_FLAGS")
-    try:
-        with build():
-            return pm.sample(nuts_sampler="numpyro", **sample_kwargs)
-    finally:
-        if saved is None:
-            os.environ.pop("XLA_FLAGS", None)
-        else:
-            os.environ["XLA_FLAGS"] = saved
 
 
 # -- both drivers: pm.sample(step=...) and pmsg.sample(step=...) ----------------------------

@@ -14,7 +14,10 @@ import arviz as az
 import numpy as np
 import pymc as pm
 import pytest
-from conftest import SAMPLE_PATHS, logistic_model, make_regression, numpyro_nuts
+import xarray as xr
+from conftest import SAMPLE_PATHS, make_regression
+from posteriors.suite import SUITE
+from posteriors.suite import reference as suite_reference
 
 import pymc_sgmcmc as pmsg
 from pymc_sgmcmc.tuning import iasg_window
@@ -27,7 +30,9 @@ SAMPLE = dict(
 
 
 def _flat(idata, var):
-    values = idata.posterior[var].values
+    """Draws of ``var`` as (chains·draws, size), from a result or a posterior Dataset."""
+    post = idata if isinstance(idata, xr.Dataset) else idata.posterior
+    values = post[var].values
     return values.reshape(values.shape[0] * values.shape[1], -1)
 
 
@@ -123,14 +128,9 @@ def test_temperature_scales_the_posterior_covariance(regression_d10, sample_path
     _check_gaussian(_flat(idata, "beta"), reg.mean, 2.0 * reg.cov, ess)
 
 
-@pytest.fixture(scope="module")
-def iasg_logistic():
-    build = logistic_model(50_000, 5, seed=5, scales=[1.0, 0.5, 2.0, 1.0, 1.0])
-    return build, numpyro_nuts(build, draws=1000, tune=500, **SAMPLE)
-
-
-def test_iasg_logistic_regression_against_nuts(iasg_logistic, sample_path):
-    build, nuts = iasg_logistic
+def test_iasg_logistic_regression_against_nuts(sample_path):
+    # The committed NUTS reference (posteriors/suite.py, checked against nutpie when made).
+    build, nuts = SUITE["logistic_50k"].build, suite_reference("logistic_50k")
     with build():
         ours = sample_path(draws=1600, tune=30, step=pmsg.IASG(batch_size=500), **SAMPLE)
     ref = _flat(nuts, "beta")

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pymc as pm
 import pytest
-from conftest import logistic_model, numpyro_nuts
+from posteriors.suite import SUITE
+from posteriors.suite import reference as suite_reference
 from test_correctness_tuned import SAMPLE, _check_gaussian, _ess, _flat
 
 import pymc_sgmcmc as pmsg
@@ -169,9 +170,8 @@ def test_logistic_regression_against_nuts(cls, logistic_nuts, sample_path):
 
 @pytest.fixture(scope="module")
 def logistic_nuts():
-    build = logistic_model(20_000, 4, seed=8, scales=[1.0, 0.5, 2.0, 1.0])
-    nuts = numpyro_nuts(build, draws=1000, tune=500, **SAMPLE)
-    return build, _flat(nuts, "beta")
+    # The committed NUTS reference (posteriors/suite.py, checked against nutpie when made).
+    return SUITE["logistic_20k"].build, _flat(suite_reference("logistic_20k"), "beta")
 
 
 @pytest.mark.parametrize("step_cls", [pmsg.SAGALD, pmsg.SVRGLD])
