@@ -168,6 +168,22 @@ class MinibatchProblem:
                 out.append(f"{wrap}({label})" if wrap else label)
         return out
 
+    def rv_name(self, value_name: str) -> str:
+        """The model's name of a value variable (``sigma`` for ``sigma_log__``)."""
+        value = {v.name: v for v in self.model.value_vars}.get(value_name)
+        rv = self.model.values_to_rvs.get(value) if value is not None else None
+        return rv.name if rv is not None else value_name
+
+    @property
+    def fixed_in_rows(self) -> tuple[str, ...]:
+        """The variables this problem does not sample (other step methods do, in a compound
+        step, or they are local variables) that the per-row log-likelihood terms read."""
+        fixed = self._inputs[len(self.var_infos) :]
+        read = set(ancestors([self._rows_graph], blockers=fixed))
+        return tuple(
+            info.name for info, var in zip(self.fixed_infos, fixed, strict=True) if var in read
+        )
+
     def fixed_values(self, point: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
         """Values of the variables this problem does not sample, taken from ``point``."""
         return tuple(np.asarray(point[v.name], dtype=v.dtype) for v in self.fixed_infos)
