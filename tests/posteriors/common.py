@@ -24,9 +24,11 @@ DATA = Path(__file__).parent / "data"
 __all__ = [
     "DATA",
     "assert_agree",
+    "diagnostics",
     "flat",
     "laplace",
     "load_reference",
+    "ok",
     "save_reference",
     "score",
 ]
@@ -272,3 +274,35 @@ def verdict(sampler: str, scored: dict[str, Any], laplace_scored: dict | None = 
             failures.append(param)
             worst[param] = {"dmean": row["dmean"], "sd_ratio": row["sd_ratio"]}
     return {"pass": not failures, "z": z, "failures": failures, "worst": worst}
+
+
+def diagnostics(draws: dict[str, np.ndarray], idata=None) -> dict:
+    """Largest R-hat and smallest bulk ESS over the scalars of ``draws`` ((chains, draws, ...)
+    each; constant ones skipped) and, given the run's result, its divergences, mean tree
+    depth and median step size."""
+    import arviz as az
+
+    rh, es = [], []
+    for v in draws.values():
+        flat = v.reshape(v.shape[0], v.shape[1], -1)
+        for j in range(flat.shape[2]):
+            x = flat[:, :, j]
+            if np.ptp(x) == 0:
+                continue
+            rh.append(float(az.rhat(x)))
+            es.append(float(az.ess(x, method="bulk")))
+    out = {"max_rhat": round(max(rh), 4), "min_ess_bulk": round(min(es))}
+    if idata is not None:
+        ss = idata.sample_stats if hasattr(idata, "sample_stats") else idata["sample_stats"]
+        out["divergences"] = int(ss["diverging"].sum()) if "diverging" in ss else 0
+        for k in ("tree_depth", "depth"):
+            if k in ss:
+                out["mean_depth"] = round(float(ss[k].mean()), 2)
+        if "step_size" in ss:
+            out["step_size"] = float(f"{float(np.median(ss['step_size'].values)):.3g}")
+    return out
+
+
+def ok(d: dict, min_ess: int = 1000) -> bool:
+    """No divergences, R-hat <= 1.01 and bulk ESS >= ``min_ess`` (a reference's bounds)."""
+    return d.get("divergences", 0) == 0 and d["max_rhat"] <= 1.01 and d["min_ess_bulk"] >= min_ess

@@ -41,11 +41,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ → `posteriors` package
 
-import arviz as az  # noqa: E402
 import pymc as pm  # noqa: E402
 
 from posteriors import stress  # noqa: E402
-from posteriors.common import laplace, save_reference, score  # noqa: E402
+from posteriors.common import diagnostics, laplace, ok, save_reference, score  # noqa: E402
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", category=UserWarning)
@@ -71,32 +70,6 @@ def draws_of(idata) -> dict[str, np.ndarray]:
     return {
         k: np.asarray(post[k].values, dtype=np.float64) for k in post.data_vars if k != "chol_corr"
     }
-
-
-def diagnostics(draws: dict[str, np.ndarray], idata=None) -> dict:
-    rh, es = [], []
-    for v in draws.values():
-        flat = v.reshape(v.shape[0], v.shape[1], -1)
-        for j in range(flat.shape[2]):
-            x = flat[:, :, j]
-            if np.ptp(x) == 0:
-                continue
-            rh.append(float(az.rhat(x)))
-            es.append(float(az.ess(x, method="bulk")))
-    out = {"max_rhat": round(max(rh), 4), "min_ess_bulk": round(min(es))}
-    if idata is not None:
-        ss = idata.sample_stats
-        out["divergences"] = int(ss["diverging"].sum())
-        for k in ("tree_depth", "depth"):
-            if k in ss:
-                out["mean_depth"] = round(float(ss[k].mean()), 2)
-        if "step_size" in ss:
-            out["step_size"] = float(f"{float(np.median(ss['step_size'].values)):.3g}")
-    return out
-
-
-def ok(d: dict) -> bool:
-    return d.get("divergences", 0) == 0 and d["max_rhat"] <= 1.01 and d["min_ess_bulk"] >= 1000
 
 
 def lkj_sufficient() -> pm.Model:

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ → `post
 import arviz as az  # noqa: E402
 import pymc as pm  # noqa: E402
 
-from posteriors.common import save_reference  # noqa: E402
+from posteriors.common import diagnostics, ok, save_reference  # noqa: E402
 from posteriors.suite import SUITE, Entry, path  # noqa: E402
 
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -66,24 +66,6 @@ def _scalars(draws: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         for j in range(flat.shape[2]):
             out[f"{k}[{j}]" if flat.shape[2] > 1 or v.ndim > 2 else k] = flat[:, :, j]
     return out
-
-
-def _diagnostics(draws, idata=None) -> dict:
-    rh, es = [], []
-    for x in _scalars(draws).values():
-        if np.ptp(x) == 0:
-            continue
-        rh.append(float(az.rhat(x)))
-        es.append(float(az.ess(x, method="bulk")))
-    out = {"max_rhat": round(max(rh), 4), "min_ess_bulk": round(min(es))}
-    if idata is not None:
-        ss = idata.sample_stats if hasattr(idata, "sample_stats") else idata["sample_stats"]
-        out["divergences"] = int(ss["diverging"].sum()) if "diverging" in ss else 0
-    return out
-
-
-def _ok(d: dict, min_ess: int) -> bool:
-    return d.get("divergences", 0) == 0 and d["max_rhat"] <= 1.01 and d["min_ess_bulk"] >= min_ess
 
 
 def _run(entry: Entry, sampler: str, seed: int, draws: int, tune: int):
@@ -158,15 +140,15 @@ def _agreement(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> tuple[floa
 def make(name: str) -> None:
     entry = SUITE[name]
     long, t_long = _run(entry, "numpyro", SEEDS[0], entry.draws, entry.tune)
-    d_long = _diagnostics(_draws(long, entry.names), long)
+    d_long = diagnostics(_draws(long, entry.names), long)
     print(f"{name}: long run {d_long} in {t_long:.0f} s", flush=True)
     if entry.compound:
         check, t_check = _run(entry, "compound", SEEDS[1], entry.draws, entry.tune)
     else:
         check, t_check = _run(entry, "nutpie", SEEDS[1], **CHECK)
-    d_check = _diagnostics(_draws(check, entry.names), check)
+    d_check = diagnostics(_draws(check, entry.names), check)
     print(f"{name}: check run {d_check} in {t_check:.0f} s", flush=True)
-    if not (_ok(d_long, 1000) and _ok(d_check, 400)):
+    if not (ok(d_long, 1000) and ok(d_check, 400)):
         raise SystemExit(f"{name}: a run failed its diagnostics; nothing written")
     rms, worst = _agreement(_draws(long, entry.names), _draws(check, entry.names))
     print(f"{name}: the two runs' mean and sd z-scores: rms {rms:.2f}, max {worst:.2f}")
@@ -175,8 +157,8 @@ def make(name: str) -> None:
     stored = {
         k: v[:, :: entry.thin].astype(np.float32) for k, v in _draws(long, entry.names).items()
     }
-    d_stored = _diagnostics(stored)
-    if not _ok(d_stored, 1000):
+    d_stored = diagnostics(stored)
+    if not ok(d_stored, 1000):
         raise SystemExit(f"{name}: the thinned draws fail {d_stored}; nothing written")
     save_reference(path(name), stored)
     print(
