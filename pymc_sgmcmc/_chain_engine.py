@@ -249,7 +249,7 @@ class _Engine:
             ref_loss=np.stack([np.asarray(r.params["ref_loss"]) for r in requests]),
             halted=np.asarray(halted, dtype=bool),
             params={
-                k: np.stack([np.asarray(r.params[k]) for r in requests])
+                k: self.stack([r.params[k] for r in requests])
                 for k in requests[0].params
                 if k != "ref_loss"
             },
@@ -378,9 +378,15 @@ def _check_frozen(runner: SGMCMCStep, params: dict, expected: dict) -> None:
     """The compiled loop ran a chain's sampling draws with the parameters frozen at the end of
     tuning; the step must agree (else a subclass changes them after tuning, which the loop
     cannot follow)."""
-    same = params.keys() == expected.keys() and all(
-        _equal(k, np.asarray(params[k]), np.asarray(expected[k])) for k in params
-    )
+    import jax
+
+    def leaves_equal(k):
+        a, b = jax.tree.leaves(params[k]), jax.tree.leaves(expected[k])
+        return len(a) == len(b) and all(
+            _equal(k, np.asarray(x), np.asarray(y)) for x, y in zip(a, b, strict=True)
+        )
+
+    same = params.keys() == expected.keys() and all(leaves_equal(k) for k in params)
     if not same:
         raise RuntimeError(
             f"{type(runner).__name__} changed the parameters of its compiled draw after tuning "

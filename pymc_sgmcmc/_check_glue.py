@@ -15,6 +15,12 @@ import numpy as np
 
 from pymc_sgmcmc.diagnostics import MAX_CHECKED, check_indices, predicted_sd_ratio
 from pymc_sgmcmc.draws import full_data_logdensity
+from pymc_sgmcmc.kernels.preconditioning import (
+    ArrowheadCholesky,
+    ArrowheadMetric,
+    as_parameter,
+    is_operator,
+)
 from pymc_sgmcmc.tuning.marginal import solve_columns
 from pymc_sgmcmc.tuning.whitening import Whitening
 
@@ -116,12 +122,28 @@ class SelfCheckGlue:
             return {
                 "check_centre": zeros,
                 "check_grad": zeros,
-                "check_cov": np.zeros((dim, dim) if dense else dim, dtype=dtype),
+                "check_cov": self._structured_placeholder(dtype)
+                if self.whitening_kind == "structured"
+                else np.zeros((dim, dim) if dense else dim, dtype=dtype),
                 "check_rows": np.zeros(
                     (self._joint_dim(), self._global_indices().size), dtype=dtype
                 ),
             }
-        return {k: np.asarray(v, dtype=dtype) for k, v in check.items()}
+        return {k: as_parameter(v, dtype) for k, v in check.items()}
+
+    def _structured_placeholder(self, dtype: Any) -> Any:
+        """A zero operator shaped as the structured ``A⁻¹`` the check will hold (the draw's
+        parameters keep one structure, so that it compiles once)."""
+        structure = self._compile()["group_structure"]
+        j, k, g = structure.n_groups, structure.k, structure.global_idx.size
+        chol = ArrowheadCholesky(
+            structure.global_idx,
+            structure.local_idx,
+            np.broadcast_to(np.eye(k), (j, k, k)).copy(),
+            np.zeros((j, g, k)),
+            np.eye(g),
+        )
+        return ArrowheadMetric(chol, np.zeros(structure.dim)).astype(dtype)
 
     def _setup_check(self) -> None:
         """After tuning: the centre of the SVRG control variate (the chain's position) with its
@@ -133,8 +155,11 @@ class SelfCheckGlue:
         dim = self.problem.dim
         centre = np.asarray(state.position, dtype=np.float64)[:dim]
         tuned = self.tuned
+        cov_diag = None
         if tuned is not None:
             cov = tuned.whitening.covariance()
+            if is_operator(cov):
+                cov_diag = tuned.whitening.covariance_diagonal()
         else:
             dense = self.whitening_kind == "dense"
             _, h = self._estimate_noise(
@@ -142,6 +167,8 @@ class SelfCheckGlue:
             )
             cov = Whitening.from_curvature(h).covariance()
         sharded = self.devices not in (None, 1, "chains")
+        if cov_diag is None:
+            cov_diag = np.diag(cov) if np.ndim(cov) == 2 else np.asarray(cov)
         if self._sampled_idx is not None or self.streaming or sharded:
             # Variational EM: the hyperparameters are point estimates, not draws; streamed or
             # sharded data: the draw has no minibatch of its own to spare. No Stein check.
@@ -157,7 +184,7 @@ class SelfCheckGlue:
         grad = np.zeros(dim)
         if compiled.get("full_grad") is not None and not self.exact and self.hybrid is None:
             grad = np.asarray(compiled["full_grad"](centre, fixed, compiled["data"]))
-        rows, marginal = self._marginal_check(compiled, state, fixed, cov)
+        rows, marginal = self._marginal_check(compiled, state, fixed, cov_diag)
         self._check = {
             "check_centre": centre,
             "check_grad": grad,
@@ -166,7 +193,7 @@ class SelfCheckGlue:
         }
         idx = self._check_indices()
         names = self._coordinate_names()
-        diag = np.diag(cov) if np.ndim(cov) == 2 else np.asarray(cov)
+        diag = cov_diag
         local_idx = self._check_local_indices()
         local_names = self._local_names()
         report: dict[str, Any] = {
@@ -174,7 +201,9 @@ class SelfCheckGlue:
                 "names": [names[i] for i in idx] + [local_names[i] for i in local_idx],
                 # A⁻¹'s diagonal; NaN for the locals (M = I there: their scale is the draws')
                 "cov_diag": diag[idx].tolist() + [float("nan")] * len(local_idx),
-                "metric": "dense" if np.ndim(cov) == 2 else "diagonal",
+                "metric": "structured"
+                if is_operator(cov)
+                else ("dense" if np.ndim(cov) == 2 else "diagonal"),
             }
         }
         if marginal is not None:
@@ -209,7 +238,7 @@ class SelfCheckGlue:
         self._check_report = report
 
     def _marginal_check(
-        self, compiled: dict, state: Any, fixed: tuple, cov: Any
+        self, compiled: dict, state: Any, fixed: tuple, variances: np.ndarray
     ) -> tuple[np.ndarray, dict[str, Any] | None]:
         """The globals' columns ``R`` of the joint curvature's inverse at the chain's position
         (and q's mean for the locals), and what the check needs to read their terms: names,
@@ -221,7 +250,6 @@ class SelfCheckGlue:
         if g_idx.size == 0 or solve is None:
             return rows, None
         dim = self.problem.dim
-        variances = np.diag(cov) if np.ndim(cov) == 2 else np.asarray(cov)
         point = np.asarray(state.position, dtype=np.float64)[:dim]
         diagonal = 1.0 / np.maximum(variances, 1e-300)
         if self.hybrid is not None:

@@ -65,6 +65,7 @@ __all__ = [
     "MAX_RELAXATION_PASSES",
     "PREDICTED_SD_TOLERANCE",
     "STEIN_TOLERANCE",
+    "NoStructureWarning",
     "SGMCMCCheckWarning",
     "check_draws",
     "predicted_sd_ratio",
@@ -83,6 +84,11 @@ _log = logging.getLogger("pymc")
 
 class SGMCMCCheckWarning(UserWarning):
     """The self-check found draws that do not match the posterior (or do not move)."""
+
+
+class NoStructureWarning(UserWarning):
+    """Group effects sit beside globals above the dense whitening's dimension, but no nested
+    structure was found (:mod:`pymc_sgmcmc.tuning.structure`): the whitening is diagonal."""
 
 
 MOMENTUM_CHECK_MAX_DIM = 200  # the predicted sd ratio with momentum, up to this many dims

@@ -5,11 +5,12 @@ mean of a window of SGD iterates, whose width the tuning sets.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from pymc_sgmcmc.kernels.preconditioning import is_operator
 from pymc_sgmcmc.preconditioned_sgd import _PreconditionedSGD
 from pymc_sgmcmc.tuning import lanczos_extremes
 from pymc_sgmcmc.tuning.rates import Rates, iasg_rule, iasg_window
@@ -172,7 +173,12 @@ class IASG(_PreconditionedSGD):
         every_row = self.problem.data_size <= 50 * dim  # the block is the data: exact
         if self.chain_state is None or (dim > MAX_RELAXATION_CHECK_DIM and not every_row):
             return None
-        dtype = self.problem.dtype
+        if is_operator(self.precond_value):
+            # structured: P = F Fᵀ, and P·H has the eigenvalues of Fᵀ H F
+            root = self.precond_value.root()
+            return self._lanczos_rate(
+                lambda v: np.asarray(root.apply(v)), lambda v: np.asarray(root.apply_transpose(v))
+            )
         precond = np.asarray(self.precond_value, dtype=np.float64)
         if not np.all(np.isfinite(precond)):
             return None
@@ -183,30 +189,37 @@ class IASG(_PreconditionedSGD):
             if w.min() <= 0:
                 return None
             root_matrix = psd_sqrt(precond)
-        elif np.any(precond <= 0):
-            return None
-        compiled = self._compile()
-        key, state = self.chain_state
-        key = compiled["fold_in"](key, 4)
-        rows = min(self.problem.data_size, max(self._noise_rows, 50 * dim))
-        args = (key, state.position, self._last_fixed, self._tuning_data(key, rows))
-        local = self._tuning_local()
-        if precond.ndim == 2:
 
             def scale(v: np.ndarray) -> np.ndarray:
                 return root_matrix @ v
 
+        elif np.any(precond <= 0):
+            return None
         else:
             root = np.broadcast_to(np.sqrt(precond), (dim,))
 
             def scale(v: np.ndarray) -> np.ndarray:
                 return root * v
 
+        return self._lanczos_rate(scale, scale)
+
+    def _lanczos_rate(self, scale: Callable, scale_transpose: Callable) -> float | None:
+        """The smallest eigenvalue of ``Sᵀ H S`` (``S v`` by ``scale``, ``Sᵀ w`` by
+        ``scale_transpose``), ``H`` the potential's Hessian on ``max(1024, 50·D)`` rows; None
+        where it is not positive."""
+        dim, dtype = self.problem.dim, self.problem.dtype
+        compiled = self._compile()
+        key, state = self.chain_state
+        key = compiled["fold_in"](key, 4)
+        rows = min(self.problem.data_size, max(self._noise_rows, 50 * dim))
+        args = (key, state.position, self._last_fixed, self._tuning_data(key, rows))
+        local = self._tuning_local()
+
         def product(v: np.ndarray) -> np.ndarray:
             hv = compiled["hessian_product"](
                 *args, local, np.asarray(scale(v), dtype=dtype), rows=rows
             )
-            return scale(np.asarray(hv, dtype=np.float64))
+            return scale_transpose(np.asarray(hv, dtype=np.float64))
 
         smallest, largest = lanczos_extremes(product, dim)
         if not (np.isfinite(smallest) and np.isfinite(largest)) or smallest <= 1e-9 * largest:

@@ -13,9 +13,10 @@ import numpy as np
 
 from pymc_sgmcmc.adapter.step import SGMCMCStep, _preconditioner_summary
 from pymc_sgmcmc.kernels import sgd
+from pymc_sgmcmc.kernels.preconditioning import apply_to_rows, as_parameter
 from pymc_sgmcmc.schedules import Schedule
 from pymc_sgmcmc.tuning import NoiseEstimate
-from pymc_sgmcmc.tuning.whitening import resolve_preconditioner
+from pymc_sgmcmc.tuning.whitening import DENSE_MAX_DIM, resolve_preconditioner
 
 __all__: list[str] = []
 
@@ -47,6 +48,9 @@ class _PreconditionedSGD(SGMCMCStep):
             raise ValueError(
                 f"preconditioner must be 'auto', 'scalar', 'diagonal' or 'full', got {preconditioner!r}."
             )
+        # the default above the dense whitening's dimension looks for nested group structure
+        # first (pymc_sgmcmc.tuning.structure), else stays diagonal
+        self._structured_auto = preconditioner == "auto" and self.problem.dim > DENSE_MAX_DIM
         preconditioner = resolve_preconditioner(preconditioner, self.problem.dim)
         self.preconditioner: str = preconditioner
         self.whitening_kind = {"full": "dense", "diagonal": "diagonal", "scalar": "scalar"}[
@@ -84,8 +88,7 @@ class _PreconditionedSGD(SGMCMCStep):
     def _mix_normals(self, normals, params):
         # The injected noise R ξ of every iteration of the draw at once: with a dense R one
         # (iterations, D) x (D, D) product instead of a matrix-vector product per iteration.
-        inject = params["inject"]
-        return normals @ inject.T if inject.ndim == 2 else normals * inject
+        return apply_to_rows(params["inject"], normals)
 
     def _momentum(self) -> float | None:
         return None
@@ -103,14 +106,14 @@ class _PreconditionedSGD(SGMCMCStep):
         if self.exact:
             return self._mala_params()
         dtype = self.problem.dtype
-        precond = np.asarray(self.precond_value, dtype=dtype)
+        precond = as_parameter(self.precond_value, dtype)
         if self.tuner is None:
             precond = precond * self._shrink  # a fixed rate, halved by diverged tuning draws
         step = self.tuned.step_size if self.tuned is not None else _scale_of(precond)
         params = {
             "precond": precond,
             "step_size": np.asarray(step, dtype=dtype),
-            "inject": np.asarray(self.inject_value, dtype=dtype),
+            "inject": as_parameter(self.inject_value, dtype),
         }
         if self._sampled_idx is not None:
             mask = np.ones(self.problem.dim, dtype=dtype)

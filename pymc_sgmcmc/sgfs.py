@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from pymc_sgmcmc.constant_sgd import ConstantSGD
+from pymc_sgmcmc.kernels.preconditioning import is_operator
 from pymc_sgmcmc.tuning.rates import Rates
 
 __all__ = ["SGFS", "sgfs_noise_floor"]
@@ -206,17 +207,26 @@ class SGFS(ConstantSGD):
         # Constant SGD's rule (all the noise the minibatch gives, the rest injected), with the
         # step bounded so that every H_kk = h (A⁻¹)_kk ≤ h_max.
         if self.h_max is not None and whitening is not None:
-            cov = whitening.covariance()
-            diag = np.diag(cov) if cov.ndim == 2 else cov
+            if getattr(whitening, "structured", False):
+                diag = whitening.covariance_diagonal()
+            else:
+                cov = whitening.covariance()
+                diag = np.diag(cov) if cov.ndim == 2 else cov
             cap = min(cap, self.h_max / max(float(diag.max()), 1e-300))
         return super()._rates(noise_z, cap, whitening)
 
     def injected_noise(self) -> np.ndarray:
         r"""The tuned N-scale covariance of the injected noise in gradient units,
         :math:`EE^\top = H^{-1} R R^\top H^{-1}` (the step adds :math:`H e = R\xi`):
-        ``(D,)`` (its diagonal, for ``"diagonal"``) or ``(D, D)``."""
-        scale = np.asarray(self.inject_value, dtype=np.float64)
+        ``(D,)`` (its diagonal, for ``"diagonal"`` and a structured whitening) or ``(D, D)``."""
         tuned = self.tuned
+        if is_operator(self.inject_value) and tuned is not None:
+            # P = C⁻ᵀ diag(q) C⁻¹ and R = C⁻ᵀ diag(r): P⁻¹R = C diag(r/q), so EEᵀ is
+            # C diag(r²/q²) Cᵀ
+            precond, factor = tuned.preconditioner, self.inject_value
+            ratio = np.asarray(factor.weights) / np.maximum(np.asarray(precond.weights), 1e-300)
+            return factor.chol.gram_diagonal(ratio**2)
+        scale = np.asarray(self.inject_value, dtype=np.float64)
         if tuned is None:
             return scale @ scale.T if scale.ndim == 2 else scale**2
         precond = np.asarray(tuned.preconditioner, dtype=np.float64)

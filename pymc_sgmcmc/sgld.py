@@ -11,10 +11,11 @@ import numpy as np
 
 from pymc_sgmcmc.adapter.step import LANGEVIN_STEP_CAP, SGMCMCStep, _preconditioner_summary
 from pymc_sgmcmc.kernels import sgld
+from pymc_sgmcmc.kernels.preconditioning import as_parameter
 from pymc_sgmcmc.schedules import Schedule, as_schedule
 from pymc_sgmcmc.tuning import NoiseEstimate, sgld_step_size
 from pymc_sgmcmc.tuning.rates import Rates, langevin_rule
-from pymc_sgmcmc.tuning.whitening import resolve_preconditioner
+from pymc_sgmcmc.tuning.whitening import DENSE_MAX_DIM, resolve_preconditioner
 
 __all__ = ["SGLD"]
 
@@ -88,6 +89,9 @@ class SGLD(SGMCMCStep):
                 "SGLD preconditioner must be 'auto', 'full', 'diagonal', None or 'rmsprop', got "
                 f"{preconditioner!r}."
             )
+        # the default above the dense whitening's dimension looks for nested group structure
+        # first (pymc_sgmcmc.tuning.structure), else stays diagonal
+        self._structured_auto = preconditioner == "auto" and self.problem.dim > DENSE_MAX_DIM
         preconditioner = resolve_preconditioner(preconditioner, self.problem.dim)
         self.preconditioner = preconditioner
         self.precond_value: np.ndarray | None = None
@@ -224,8 +228,8 @@ class SGLD(SGMCMCStep):
             # ε = 2 h_max, G = P / h_max and √(εT)·S = R: the kernel's drift is P ∇log p̂
             # and its noise the tuned injection.
             eps = 2.0 * tuned.step_size
-            precond = np.asarray(tuned.preconditioner) / tuned.step_size
-            root = np.asarray(tuned.noise_factor) / np.sqrt(eps * self.temperature)
+            precond = tuned.preconditioner * (1.0 / tuned.step_size)
+            root = tuned.noise_factor * (1.0 / np.sqrt(eps * self.temperature))
         else:
             eps = float(self.schedule(0)) * self._shrink if self.schedule is not None else 1.0
             precond = whitening.covariance()
@@ -233,8 +237,8 @@ class SGLD(SGMCMCStep):
         return {
             "step_size": np.asarray(eps, dtype=dtype),
             "shrink": np.asarray(self._shrink, dtype=dtype),
-            "precond": np.asarray(precond, dtype=dtype),
-            "precond_sqrt": np.asarray(root, dtype=dtype),
+            "precond": as_parameter(precond, dtype),
+            "precond_sqrt": as_parameter(root, dtype),
         }
 
     def settings(self) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from pymc_sgmcmc.errors import (
     DivergenceError,
     ModelNotSupportedError,
 )
+from pymc_sgmcmc.kernels.preconditioning import is_operator
 from pymc_sgmcmc.minibatch import (
     MinibatchScheme,
     block_rows,
@@ -745,6 +746,7 @@ class SGMCMCStep(
             "init": jax.jit(init),
             "freeze": jax.jit(self._make_freeze(fns)) if hybrid is not None else None,
             "noise": jax.jit(measure["noise"], static_argnames=("full", "full_curvature")),
+            "structured_noise": jax.jit(measure["structured_noise"]),
             "spectral_radius": jax.jit(measure["spectral_radius"]),
             "hessian_product": jax.jit(measure["hessian_product"], static_argnames="rows"),
             "sharded_noise": measure["sharded_noise"],
@@ -1041,7 +1043,14 @@ def _jsonable(value: Any) -> Any:
 
 
 def _preconditioner_summary(precond: Any) -> dict[str, Any]:
-    """The tuned ``P`` for InferenceData attrs: in full when small, else its diagonal's range."""
+    """The tuned ``P`` for InferenceData attrs: in full when small, else its diagonal's range
+    (a structured ``P``: the range of its steps along the whitened coordinates)."""
+    if is_operator(precond):
+        weights = np.asarray(precond.weights, dtype=np.float64)
+        return {
+            "preconditioner_whitened_min": float(weights.min()),
+            "preconditioner_whitened_max": float(weights.max()),
+        }
     precond = np.asarray(precond, dtype=np.float64)
     if precond.size <= ATTRS_MAX_ENTRIES:
         return {"preconditioner_value": precond.tolist()}

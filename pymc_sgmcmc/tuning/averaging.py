@@ -79,7 +79,9 @@ class WindowedMean:
         return (self.count * self.current + self.previous_count * self.previous) / total
 
     def update(self, estimate: np.ndarray) -> np.ndarray:
-        estimate = np.asarray(estimate, dtype=np.float64)
+        if isinstance(estimate, np.ndarray) or np.isscalar(estimate):
+            estimate = np.asarray(estimate, dtype=np.float64)
+        # (else a structured measurement: pymc_sgmcmc.tuning.structure.StructuredCurvature)
         if self.count >= self.window:
             self.previous, self.previous_count = self.current, self.count
             self.current, self.count, self.window = None, 0, 2 * self.window

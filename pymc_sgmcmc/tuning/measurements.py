@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from pymc_sgmcmc.kernels.preconditioning import apply_preconditioner
-from pymc_sgmcmc.minibatch import block_rows, draw_minibatch
+from pymc_sgmcmc.minibatch import block_rows, draw_minibatch, full_data_chunks
 from pymc_sgmcmc.sharding import sharded_gradient_noise, sharded_uniform_rows
 from pymc_sgmcmc.tuning.averaging import chunked_gradient_noise, gradient_noise
 
@@ -161,6 +161,43 @@ def measurement_functions(
             lambda v: curvature_product(grad_u, position, v), key_probe, dim, fisher_guess
         )
 
+    def structured_noise(key, position, fixed, data, global_idx, local_idx):
+        # The per-datum gradients' second moment with the model's nested structure
+        # (pymc_sgmcmc.tuning.structure): a row touches the globals and one group's locals,
+        # so Σ gᵢgᵢᵀ is a block arrowhead — its globals' block (G, G), each group's cross
+        # terms (J, k, G) and block (J, k, k) — on the rows the noise is measured on, in
+        # chunks. Uncentred: the mean's rank-one term ḡḡᵀ is dense, and in the whitened
+        # coordinates (a posterior z-score per coordinate, the full gradient O(1)) it adds
+        # O(1/B) to a coordinate's noise, against a budget of O(h).
+        key_rows, _ = jax.random.split(key)
+        batch = search_block(key_rows, data)
+        rows = batch[0].shape[0]
+        dim = position.shape[0]
+        size = min(rows, max(64, NOISE_CHUNK_WORK // max(dim, 1)))
+        starts, masks = full_data_chunks(rows, size)
+        j, k = local_idx.shape
+        g = global_idx.shape[0]
+
+        def chunk(carry, xs):
+            gg, ug, uu = carry
+            start, mask = xs
+            part = tuple(jax.lax.dynamic_slice_in_dim(a, start, size) for a in batch)
+            grads = fns["per_example_grads"](position, fixed, part) * mask[:, None]
+            gl, gu = grads[:, global_idx], grads[:, local_idx]  # (m, G), (m, J, k)
+            gg = gg + gl.T @ gl
+            ug = ug + jnp.einsum("mjk,mg->jkg", gu, gl)
+            uu = uu + jnp.einsum("mjk,mjl->jkl", gu, gu)
+            return (gg, ug, uu), None
+
+        dtype_ = position.dtype
+        zero = (
+            jnp.zeros((g, g), dtype_),
+            jnp.zeros((j, k, g), dtype_),
+            jnp.zeros((j, k, k), dtype_),
+        )
+        (gg, ug, uu), _ = jax.lax.scan(chunk, zero, (starts, masks))
+        return gg / rows, ug / rows, uu / rows
+
     def block_potential_grad(key, fixed, data, local_params, rows):
         # The gradient of the potential on the ``rows`` rows that ``key`` draws (and, with
         # local variables, its draws of them), and the key left for the caller.
@@ -194,6 +231,7 @@ def measurement_functions(
 
     return {
         "noise": noise,
+        "structured_noise": structured_noise,
         "sharded_noise": _sharded_noise(fns, b, scheme, sharded, noise_rows)
         if sharded is not None and hybrid is None
         else None,

@@ -33,6 +33,7 @@ import numpy as np
 
 from pymc_sgmcmc.tuning.averaging import WindowedMean
 from pymc_sgmcmc.tuning.rates import Rates, largest_eigenvalue
+from pymc_sgmcmc.tuning.structure import StructuredCurvature, StructuredWhitening
 from pymc_sgmcmc.tuning.whitening import Whitening
 
 __all__ = ["MEASURE_GROWTH", "Measurement", "Tuned", "Tuner"]
@@ -48,8 +49,9 @@ SEARCH_STEP = 0.5
 class Measurement:
     """What a tuning draw measures at the chain's position (θ units)."""
 
-    curvature: np.ndarray
-    """Hessian of the potential: ``(D, D)`` or its diagonal ``(D,)``."""
+    curvature: np.ndarray | StructuredCurvature
+    """Hessian of the potential: ``(D, D)``, its diagonal ``(D,)``, or with the model's nested
+    structure (:mod:`~pymc_sgmcmc.tuning.structure`)."""
     noise: np.ndarray
     """Covariance of the sampler's gradient estimate (``(N²/B)·f·C`` for a minibatch):
     ``(D, D)`` or ``(D,)``."""
@@ -81,6 +83,13 @@ class Tuned:
     @property
     def step_size(self) -> float:
         return self.rates.step_size
+
+
+def whiten(curvature: Any) -> Whitening | StructuredWhitening:
+    """The whitening of a measured curvature: dense, diagonal or structured."""
+    if isinstance(curvature, StructuredCurvature):
+        return StructuredWhitening.from_curvature(curvature)
+    return Whitening.from_curvature(curvature)
 
 
 class Tuner:
@@ -147,14 +156,14 @@ class Tuner:
         searching = tuning and self.searching
         self.last_measurement = measurement
         if searching:
-            whitening = Whitening.from_curvature(measurement.curvature)
+            whitening = whiten(measurement.curvature)
             noise = measurement.noise
         else:
             if tuning:
                 self._last_measured = self.draws - self.search_draws
             self.measurements += 1
             averaged = self.curvature.update(measurement.curvature)
-            whitening = Whitening.from_curvature(measurement.curvature if self.follow else averaged)
+            whitening = whiten(measurement.curvature if self.follow else averaged)
             noise = self.noise.update(measurement.noise)
             if measurement.fisher is not None:
                 self.fisher.update(measurement.fisher)
