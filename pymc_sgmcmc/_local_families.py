@@ -105,6 +105,11 @@ class _MeanField:
         """``Λ (z − μ)`` for the draws of :meth:`sample` (Stein's lemma)."""
         return eps * jnp.exp(-params["log_sd"])
 
+    def covariance_times(self, params, theta, fixed, v: jax.Array) -> jax.Array:
+        """``Σ_q v`` for ``v`` ``(L,)`` or ``(L, m)``."""
+        var = jnp.exp(2 * params["log_sd"])
+        return var.reshape(var.shape + (1,) * (v.ndim - 1)) * v
+
     def natural_update(self, params, mean, grad, curvature, rho):
         precision = jnp.exp(-2 * params["log_sd"])
         new_precision = (1 - rho) * precision + rho * curvature
@@ -174,6 +179,11 @@ class _Markov:
         l_diag, c, _ = self._factor(params, theta, fixed)
         out = eps * l_diag
         return out.at[:, 1:].add(eps[:, :-1] * c)
+
+    def covariance_times(self, params, theta, fixed, v: jax.Array) -> jax.Array:
+        """``Λ(θ)⁻¹ v`` for ``v`` ``(L,)`` or ``(L, m)`` (two bidiagonal solves)."""
+        l_diag, c, _ = self._factor(params, theta, fixed)
+        return tridiagonal_solve_upper(l_diag, c, tridiagonal_solve_lower(l_diag, c, v))
 
     def natural_update(self, params, mean, grad, curvature, rho):
         d = jnp.exp(params["log_site_precision"])

@@ -103,7 +103,7 @@ class LocalVariablesGlue:
                 theta,
                 state.local,
                 fixed,
-                lambda z: full_loglik(theta, fixed, data, z),
+                lambda th, z: full_loglik(th, fixed, data, z),
                 jax.random.fold_in(key, 4),
             )
             return HybridState(state.kernel, local)

@@ -201,6 +201,9 @@ class Hybrid:
         self.learning_rate = learning_rate
         self.family: Any = None
         self.curvature_probes = "tridiagonal"  # set by build: diagonal / tridiagonal / stein
+        # Whether q's updates (full batch) also refresh its linear response to the globals;
+        # a frozen q gets it when it is refit (refine). Set by the step method.
+        self.response_each_step = False
 
     # -- built once per compilation ----------------------------------------------------------
     def build(
@@ -322,7 +325,7 @@ class Hybrid:
 
     def init_local(self, theta, fixed, curvature: jax.Array) -> dict[str, Any]:
         z0 = self.layout.ravel(fixed)
-        params = self.family.init(z0, curvature, theta, fixed)
+        params = self._with_response(self.family.init(z0, curvature, theta, fixed), theta)
         return {
             "params": params,
             "average": params,
@@ -331,11 +334,59 @@ class Hybrid:
             "key": jax.random.PRNGKey(0),  # replaced at the start of every draw
         }
 
+    # -- the locals' linear response to the globals ------------------------------------------
+    @staticmethod
+    def _with_response(params: dict[str, Any], theta, gain=None) -> dict[str, Any]:
+        """q's parameters with a linear response anchored at ``theta``: ``gain`` ``(L, D)``
+        (zero: none yet)."""
+        if gain is None:
+            gain = jnp.zeros((params[next(iter(params))].shape[0], theta.shape[0]), theta.dtype)
+        return {**params, "gain": gain, "anchor": jnp.asarray(theta)}
+
+    @staticmethod
+    def _shift(params: dict[str, Any], theta) -> jax.Array:
+        """``K (θ − θ_ref)``: how far the locals' mean has moved with the globals since q was
+        fitted at ``θ_ref``."""
+        return params["gain"] @ (theta - params["anchor"])
+
+    def response(self, theta, params, fixed, joint_loglik: Callable) -> jax.Array:
+        r"""``K = dμ/dθ`` that q's fit at ``theta`` leaves out: the conditional mode's
+        derivative :math:`\mathrm{d}z^*/\mathrm{d}\theta = (-\nabla^2_{zz}F)^{-1}
+        \nabla^2_{z\theta}F` with q's covariance for the first factor and the cross
+        derivatives of the part of the log joint ``F`` that q's mean does not follow by
+        construction — the likelihood for ``"markov"`` (its mean follows the prior's
+        parameters exactly), the whole log joint for ``"meanfield"`` (its mean is fixed).
+        ``D`` forward-mode products of the full-data gradient in z. Exact where the
+        conditional posterior of the locals is Gaussian (a Gaussian likelihood in z).
+
+        Why. With q fitted at one θ the ELBO is the log joint at the locals' conditional
+        *at that θ*: as θ moves along the ridge it shares with the locals, the locals stay
+        put and the ELBO is as curved in θ as the conditional density — the globals' draws
+        come out too narrow and pulled to the fit's θ (IASG on 2 000 random-intercept groups:
+        θ 5.9 sd off). Moving q's mean by K(θ − θ_ref) makes the ELBO in θ the profile of
+        the joint over the locals, which for a Gaussian conditional is the marginal."""
+        mean = self.family.moments(params, theta, fixed)[0]
+
+        def grad_z(th):
+            def f(z):
+                value = joint_loglik(th, z)
+                if not self.family.lik_only:
+                    value = value + self._prior_logp(z, th, fixed)
+                return value
+
+            return jax.grad(f)(mean)
+
+        cross = jax.jacfwd(grad_z)(theta)  # (L, D)
+        return self.family.covariance_times(params, theta, fixed, cross)
+
     # -- traced, every iteration ---------------------------------------------------------------
     def elbo_and_draws(self, theta, params, fixed, batch, eps):
         """``(elbo, (z, μ))``: the K-sample reparameterised estimate of the ELBO
-        (minibatch-scaled rows) and, without gradient, its draws and q's mean."""
+        (minibatch-scaled rows) and, without gradient, its draws and q's mean. q's mean
+        follows θ linearly from where it was fitted (:meth:`response`)."""
         z, log_q, mean = self.family.sample(params, theta, fixed, eps)
+        shift = self._shift(params, theta)
+        z, mean = z + shift, mean + shift
         log_joint = jax.vmap(
             lambda zk: self._logdensity(theta, self.layout.insert(fixed, zk), batch)
         )(z)
@@ -360,7 +411,16 @@ class Hybrid:
             def target(zk):
                 return self._update_target(zk, theta, fixed, batch)
 
-            return self._natural_step(params, z, mean, target, eps, rate, theta, fixed)
+            new = self._natural_step(params, z, mean, target, eps, rate, theta, fixed)
+            gain = params["gain"]
+            if self.response_each_step:
+                # every row in the batch: the response at θ, exact, at D more products
+                def batch_loglik(th, zk):
+                    value = self._logdensity(th, self.layout.insert(fixed, zk), batch)
+                    return value - self._prior_logp(zk, th, fixed)
+
+                gain = self.response(theta, new, fixed, batch_loglik)
+            return self._with_response(new, theta, gain)  # fitted at θ: anchored there
 
         updated = jax.lax.cond(rate > 0, update, lambda p: p, params)
         # An update that is not finite (q's precision lost positivity far from the mode) is
@@ -414,31 +474,41 @@ class Hybrid:
             hess = self.family.precision_times(params, theta, fixed, eps) * grads
         g, h = jnp.mean(grads, axis=0), -jnp.mean(hess, axis=0)
         h = jnp.maximum(h, CURVATURE_FLOOR * jnp.maximum(jnp.max(jnp.abs(h)), 1e-300))
-        return self.family.natural_update(params, mean, g, h, rate)
+        return {**params, **self.family.natural_update(params, mean, g, h, rate)}
 
-    def refine(self, theta, local, fixed, full_loglik: Callable, key, steps: int = 2):
+    def refine(self, theta, local, fixed, joint_loglik: Callable, key, steps: int = 2):
         """q's parameters before they are frozen: their running average, then ``steps`` full
         natural-gradient steps (ρ = 1) with full-data expectations — exact fixed-point steps
         where the likelihood is Gaussian in z — so that no minibatch noise is frozen into q
-        (chains would otherwise disagree by it). Costs about ``steps · K · 4`` data passes."""
+        (chains would otherwise disagree by it), anchored at ``theta`` with the locals' linear
+        response to the globals (:meth:`response`). ``joint_loglik(θ, z)`` is the full-data
+        log-likelihood. Costs about ``steps · K · 4 + 3·D`` data passes."""
 
         def target_fn(z):
-            value = full_loglik(z)
+            value = joint_loglik(theta, z)
             if not self.family.lik_only:
                 value = value + self._prior_logp(z, theta, fixed)
             return value
 
-        params = local["average"]
+        # refit at θ itself: the average's mean, moved to θ by the response it had
+        average = local["average"]
+        params = self._with_response(average, theta)
+        if "mean" in average:  # meanfield: its mean is the fit's own, move it along
+            params = {**params, "mean": average["mean"] + self._shift(average, theta)}
         for i in range(steps):
             eps = self.draw_eps(jax.random.fold_in(key, i), theta.dtype)
             z, _, mean = self.family.sample(params, theta, fixed, eps)
             params = self._natural_step(params, z, mean, target_fn, eps, 1.0, theta, fixed)
+        params = self._with_response(
+            params, theta, self.response(theta, params, fixed, joint_loglik)
+        )
         return {**local, "params": params, "average": params}
 
     def draw_locals(self, theta, params, fixed, key) -> jax.Array:
         """One draw ``z ~ q(· | θ)`` (raveled)."""
         eps = jax.random.normal(key, (1, self.layout.size), dtype=theta.dtype)
-        return self.family.sample(params, theta, fixed, eps)[0][0]
+        return self.family.sample(params, theta, fixed, eps)[0][0] + self._shift(params, theta)
 
     def moments(self, theta, params, fixed) -> tuple[jax.Array, jax.Array]:
-        return self.family.moments(params, theta, fixed)
+        mean, sd = self.family.moments(params, theta, fixed)
+        return mean + self._shift(params, theta), sd

@@ -3,12 +3,12 @@
 The exact Gaussian random-intercept posterior (``tests/posteriors/hierarchical.py``:
 ``y = θ + u[g] + ε``, J = 2 000 groups of n = 20 rows, the θ–u covariances known in O(J)) is
 where the global θ's marginal is missed along the ridge on which θ and the u's move together
-unless the sampler sees that ridge. Without ``local_vars`` the whitening now has the
-posterior's nested structure (pymc_sgmcmc.tuning.structure: θ dense, a block per group, the
-cross terms) and θ must be right — under the diagonal whitening it replaced, IASG's θ had
-0.3× its sd. With ``local_vars``, q(u) is fitted at one θ (IASG: θ's mean ~12 sd off) until
-the locals follow the globals (issue 37, item 2): that run must warn, naming θ (item 0) —
-the test fails when it comes out wrong *and* silent.
+unless the sampler sees that ridge. Without ``local_vars`` the whitening has the posterior's
+nested structure (pymc_sgmcmc.tuning.structure: θ dense, a block per group, the cross
+terms) — under the diagonal whitening it replaced, IASG's θ had 0.3× its sd. With
+``local_vars`` q(u)'s mean follows θ by its linear response (Hybrid.response) — fitted at
+one θ without it, IASG's θ was ~6-12 sd off. Both must now be right; a wrong run must at
+least warn, naming θ (issue 37, item 0): the message says which failed.
 
 Tolerance: θ's mean within 0.1 exact sd plus three Monte Carlo errors (``3/sqrt(ESS)`` sds)
 and its sd within 10% plus ``3/sqrt(2 ESS)``, ESS the run's bulk ESS of θ.
@@ -60,7 +60,7 @@ def test_random_intercepts_theta_is_right_or_the_self_check_warns(local):
     if not local:
         settings = json.loads(dataset(idata, "sample_stats").attrs["sgmcmc_settings"])[0]
         assert settings["chains"][0]["whitening"] == "structured", settings["chains"][0]
-        assert right, f"theta {shift:.2f} sd off, sd ratio {ratio:.2f} (ESS {ess:.0f})"
+    assert right, f"theta {shift:.2f} sd off, sd ratio {ratio:.2f} (ESS {ess:.0f})"
 
 
 def test_the_globals_marginal_is_checked_under_a_dense_whitening_too():

@@ -256,8 +256,10 @@ def test_inference_data_holds_locals_elbo_and_q():
     assert np.all(np.isfinite(idata.posterior["u"].values))
     assert "elbo" in idata.sample_stats and np.all(np.isfinite(idata.sample_stats["elbo"]))
     group = idata.variational
-    assert set(group.data_vars) == {"u_site_shift", "u_log_site_precision"}
+    assert set(group.data_vars) == {"u_site_shift", "u_log_site_precision", "u_gain"}
     assert group["u_site_shift"].dims == ("chain", "group")
+    # q's mean's linear response to the sampled globals: one column per sampled coordinate
+    assert group["u_gain"].shape[:2] == (2, 6) and group["u_gain"].ndim == 3
     assert groups(idata).count("sample_stats") == 1
     settings = idata.posterior.attrs["sgmcmc_settings"]
     assert '"local_family": "markov"' in settings and "site_shift" not in settings

@@ -678,6 +678,7 @@ class SGMCMCStep(
             if not streaming and sharded is None:
                 batch0 = draw_minibatch(jax.random.PRNGKey(0), data, n, b, scheme)
             hybrid.build(fns, problem.fixed_values(ip), jnp.asarray(problem.ravel(ip)), batch0)
+            hybrid.response_each_step = b >= n
             iteration = self._hybrid_iteration(kernel_step)
             init = self._hybrid_init(fns, init)
         plan = DrawPlan(
@@ -969,14 +970,23 @@ class SGMCMCStep(
 
     def variational_parameters(self) -> dict[str, dict[str, np.ndarray]] | None:
         """q's parameters of the chain sampled last in this process, by local variable
-        (``{name: {parameter: array shaped like the variable}}``), or None."""
+        (``{name: {parameter: array shaped like the variable}}``; the linear response to the
+        globals, ``gain``, with one more axis: the sampled coordinates), or None."""
         if self.hybrid is None or self.chain_state is None:
             return None
         params = self.chain_state[1].local["params"]
         layout = self.hybrid.layout
         out: dict[str, dict[str, np.ndarray]] = {name: {} for name in layout.names}
         for key, value in params.items():
-            for name, part in zip(layout.names, layout.unravel(np.asarray(value)), strict=True):
+            value = np.asarray(value)
+            if key == "anchor":  # the globals q was fitted at: not a local's parameter
+                continue
+            if value.ndim == 2:  # (L, D): unravel each column
+                columns = [layout.unravel(value[:, d]) for d in range(value.shape[1])]
+                parts = [np.stack(c, axis=-1) for c in zip(*columns, strict=True)]
+            else:
+                parts = layout.unravel(value)
+            for name, part in zip(layout.names, parts, strict=True):
                 out[name][key] = part
         return out
 
