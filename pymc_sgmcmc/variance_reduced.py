@@ -25,8 +25,9 @@ from pymc_sgmcmc.kernels import saga, svrg
 from pymc_sgmcmc.kernels.preconditioning import apply_to_rows, as_parameter
 from pymc_sgmcmc.minibatch import full_data_chunks, noise_factor
 from pymc_sgmcmc.sgld import SGLD
-from pymc_sgmcmc.tuning.averaging import chunked_gradient_noise
+from pymc_sgmcmc.tuning.averaging import chunked_arrowhead_moments, chunked_gradient_noise
 from pymc_sgmcmc.tuning.measurements import NOISE_CHUNK_WORK
+from pymc_sgmcmc.tuning.structure import StructuredCurvature
 
 __all__ = ["SAGALD", "SVRGLD"]
 
@@ -61,10 +62,6 @@ class _VarianceReducedLD(SGLD):
         if step_size != "auto":
             preconditioner = None  # a user's step: Dubey et al.'s plain update
         super().__init__(vars, step_size=step_size, preconditioner=preconditioner, **kwargs)
-        # Not yet with the model's nested structure: the control variates' noise is measured
-        # as a diagonal (_build_vr_noise), which in a structured whitening would misplace
-        # the globals' noise (issue 37; the diagonal whitening stays).
-        self._structured_auto = False
         others = [self.problem.rv_name(n) for n in self.problem.fixed_in_rows]
         if others:
             # Measured in a compound step (a categorical k beside continuous variables,
@@ -90,10 +87,28 @@ class _VarianceReducedLD(SGLD):
         fn = compiled.get("vr_noise")
         if fn is None:
             fn = compiled["vr_noise"] = self._build_vr_noise(compiled)
+        n, b = self.problem.data_size, self.batch_size
+        scale = n**2 / b * noise_factor(n, b, self.minibatch)
+        if isinstance(base.curvature, StructuredCurvature):
+            # the control variates' noise in the structure's blocks (as the plain noise is:
+            # a diagonal would misplace the globals' noise along their marginal direction)
+            structure = base.curvature.structure
+            moments = fn(
+                compiled["fold_in"](key, 5),
+                state,
+                fixed,
+                compiled["data"],
+                False,
+                structure.global_idx,
+                structure.local_idx,
+            )
+            c = StructuredCurvature(structure, *(np.asarray(m) for m in moments))
+            return type(base)(
+                base.curvature, c * scale, base.fisher, base.stability, base.row_stiffness
+            )
         dense = self.whitening_kind == "dense"
         c = np.asarray(fn(compiled["fold_in"](key, 5), state, fixed, compiled["data"], dense))
-        n, b = self.problem.data_size, self.batch_size
-        noise = n**2 / b * noise_factor(n, b, self.minibatch) * c
+        noise = scale * c
         if not dense and noise.ndim == 2:
             noise = np.diag(noise)
         return type(base)(base.curvature, noise, base.fisher, base.stability, base.row_stiffness)
@@ -113,7 +128,7 @@ class _VarianceReducedLD(SGLD):
         per_example = self.problem.jax_functions()["per_example_grads"]
         stored_fn = self._stored_rows
 
-        def vr_noise(key, state, fixed, data, dense):
+        def vr_noise(key, state, fixed, data, dense, global_idx=None, local_idx=None):
             if every_row:
                 idx = jnp.arange(n)
             else:
@@ -129,6 +144,10 @@ class _VarianceReducedLD(SGLD):
                 )
 
             dim = state.position.shape[0]
+            if local_idx is not None:  # with the model's nested structure
+                return chunked_arrowhead_moments(
+                    rows_of, rows, dim, global_idx, local_idx, NOISE_CHUNK_WORK
+                )
             return chunked_gradient_noise(rows_of, rows, dim, dense, NOISE_CHUNK_WORK)
 
         return jax.jit(vr_noise, static_argnames="dense")

@@ -9,7 +9,13 @@ import numpy as np
 
 from pymc_sgmcmc.minibatch import full_data_chunks
 
-__all__ = ["NoiseEstimate", "WindowedMean", "chunked_gradient_noise", "gradient_noise"]
+__all__ = [
+    "NoiseEstimate",
+    "WindowedMean",
+    "chunked_arrowhead_moments",
+    "chunked_gradient_noise",
+    "gradient_noise",
+]
 
 
 def gradient_noise(per_example_grads, full: bool = False):
@@ -51,6 +57,35 @@ def chunked_gradient_noise(rows_fn, rows: int, dim: int, full: bool, chunk_work:
     mean = total / rows
     outer = jnp.outer(mean, mean) if full else mean * mean
     return (square - rows * outer) / max(rows - 1, 1)
+
+
+def chunked_arrowhead_moments(rows_fn, rows: int, dim: int, global_idx, local_idx, chunk_work: int):
+    """The uncentred second moment ``(1/rows) Σ gᵢgᵢᵀ`` of the ``(rows, dim)`` values
+    ``rows_fn(start, size)`` returns, in the block-arrowhead layout of
+    :mod:`pymc_sgmcmc.tuning.structure`: ``(G, G)``, ``(J, k, G)``, ``(J, k, k)`` — exact
+    when each row touches the globals and one group's locals only (elsewhere the cross terms
+    between groups are dropped). In chunks of about ``chunk_work / dim`` rows."""
+    import jax
+
+    size = min(rows, max(64, chunk_work // max(dim, 1)))
+    starts, masks = full_data_chunks(rows, size)
+    j, k = local_idx.shape
+    g = global_idx.shape[0]
+
+    def chunk(carry, xs):
+        gg, ug, uu = carry
+        start, mask = xs
+        grads = rows_fn(start, size) * mask[:, None]
+        gl, gu = grads[:, global_idx], grads[:, local_idx]  # (m, G), (m, J, k)
+        gg = gg + gl.T @ gl
+        ug = ug + jnp.einsum("mjk,mg->jkg", gu, gl)
+        uu = uu + jnp.einsum("mjk,mjl->jkl", gu, gu)
+        return (gg, ug, uu), None
+
+    dtype = jax.eval_shape(lambda: rows_fn(0, size)).dtype
+    zero = (jnp.zeros((g, g), dtype), jnp.zeros((j, k, g), dtype), jnp.zeros((j, k, k), dtype))
+    (gg, ug, uu), _ = jax.lax.scan(chunk, zero, (starts, masks))
+    return gg / rows, ug / rows, uu / rows
 
 
 @dataclass

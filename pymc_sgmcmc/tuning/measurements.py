@@ -17,9 +17,13 @@ import jax
 import jax.numpy as jnp
 
 from pymc_sgmcmc.kernels.preconditioning import apply_preconditioner
-from pymc_sgmcmc.minibatch import block_rows, draw_minibatch, full_data_chunks
+from pymc_sgmcmc.minibatch import block_rows, draw_minibatch
 from pymc_sgmcmc.sharding import sharded_gradient_noise, sharded_uniform_rows
-from pymc_sgmcmc.tuning.averaging import chunked_gradient_noise, gradient_noise
+from pymc_sgmcmc.tuning.averaging import (
+    chunked_arrowhead_moments,
+    chunked_gradient_noise,
+    gradient_noise,
+)
 
 __all__ = ["measurement_functions"]
 
@@ -171,32 +175,14 @@ def measurement_functions(
         # O(1/B) to a coordinate's noise, against a budget of O(h).
         key_rows, _ = jax.random.split(key)
         batch = search_block(key_rows, data)
-        rows = batch[0].shape[0]
-        dim = position.shape[0]
-        size = min(rows, max(64, NOISE_CHUNK_WORK // max(dim, 1)))
-        starts, masks = full_data_chunks(rows, size)
-        j, k = local_idx.shape
-        g = global_idx.shape[0]
 
-        def chunk(carry, xs):
-            gg, ug, uu = carry
-            start, mask = xs
+        def rows_of(start, size):
             part = tuple(jax.lax.dynamic_slice_in_dim(a, start, size) for a in batch)
-            grads = fns["per_example_grads"](position, fixed, part) * mask[:, None]
-            gl, gu = grads[:, global_idx], grads[:, local_idx]  # (m, G), (m, J, k)
-            gg = gg + gl.T @ gl
-            ug = ug + jnp.einsum("mjk,mg->jkg", gu, gl)
-            uu = uu + jnp.einsum("mjk,mjl->jkl", gu, gu)
-            return (gg, ug, uu), None
+            return fns["per_example_grads"](position, fixed, part)
 
-        dtype_ = position.dtype
-        zero = (
-            jnp.zeros((g, g), dtype_),
-            jnp.zeros((j, k, g), dtype_),
-            jnp.zeros((j, k, k), dtype_),
+        return chunked_arrowhead_moments(
+            rows_of, batch[0].shape[0], position.shape[0], global_idx, local_idx, NOISE_CHUNK_WORK
         )
-        (gg, ug, uu), _ = jax.lax.scan(chunk, zero, (starts, masks))
-        return gg / rows, ug / rows, uu / rows
 
     def block_potential_grad(key, fixed, data, local_params, rows):
         # The gradient of the potential on the ``rows`` rows that ``key`` draws (and, with
