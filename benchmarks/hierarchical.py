@@ -59,16 +59,13 @@ MIN_ESS = 100
 
 def group_variable(model) -> str:
     """The model's group-level free variable (the one ``local_vars`` takes)."""
-    sizes = {
-        rv.name: int(np.prod(model.initial_point()[model.rvs_to_values[rv].name].shape))
-        for rv in model.free_RVs
-    }
+    point = model.initial_point()
+    sizes = {rv.name: point[model.rvs_to_values[rv].name].size for rv in model.free_RVs}
     return max(sizes, key=sizes.get)
 
 
 def run_cell(name: str, sampler: str, local: bool, draws: int, tune: int, seed: int) -> dict:
     from posteriors import hierarchical as hier
-    from posteriors.common import flat
     from stack import dataset
 
     model = hier.build(name)
@@ -94,7 +91,6 @@ def run_cell(name: str, sampler: str, local: bool, draws: int, tune: int, seed: 
         (w.category.__name__, str(w.message)) for w in caught if issubclass(w.category, Warning)
     ]
     check = [m for c, m in messages if c == SGMCMCCheckWarning.__name__]
-    del flat
     return {
         "name": name,
         "sampler": sampler,
