@@ -136,12 +136,16 @@ class SelfCheckGlue:
         parameters keep one structure, so that it compiles once)."""
         structure = self._compile()["group_structure"]
         j, k, g = structure.n_groups, structure.k, structure.global_idx.size
+        r = 2 * len(structure.pairs())  # crossed factors' couplings (StructuredCurvature)
         chol = ArrowheadCholesky(
             structure.global_idx,
             structure.local_idx,
             np.broadcast_to(np.eye(k), (j, k, k)).copy(),
             np.zeros((j, g, k)),
             np.eye(g),
+            np.zeros((structure.dim, r)),
+            np.zeros((r, r)),
+            np.zeros((r, r)),
         )
         return ArrowheadMetric(chol, np.zeros(structure.dim)).astype(dtype)
 

@@ -386,7 +386,7 @@ class AutomaticTuning:
         if not error <= VERIFY_TOLERANCE * (1e3 if dtype == "float32" else 1.0):
             return (
                 f"the groups of {found.description} couple beyond the rows' grouping "
-                f"(a prior across groups, or crossed factors): relative error {error:.1e}"
+                f"(a prior across groups): relative error {error:.1e}"
             )
         return found
 

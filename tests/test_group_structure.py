@@ -115,16 +115,136 @@ def test_two_group_level_variables_on_one_factor_share_its_blocks():
     np.testing.assert_array_equal(found.local_idx, np.stack([at["a"], at["b"]], axis=1))
 
 
-def test_crossed_factors_are_not_nested():
+def crossed(slopes=False):
+    """Students × lecturers: every row touches one group of each factor."""
     rng = np.random.default_rng(1)
     students = rng.integers(0, J, N)
     lecturers = rng.integers(0, 30, N)
+    x = rng.normal(size=N)
     with pm.Model() as model:
-        s = pm.Normal("s", 0, 1, shape=J)
-        d = pm.Normal("d", 0, 1, shape=30)
-        pm.Normal("y", s[students] + d[lecturers], 1.0, observed=rng.normal(size=N))
+        mu = pm.Normal("mu", 0, 5)
+        sigma = pm.HalfNormal("sigma", 1)
+        s = pm.Normal("s", 0, sigma, shape=J)
+        if slopes:
+            d = pm.Normal("d", 0, 1, shape=(30, 2))
+            mean = mu + s[students] + d[lecturers, 0] + d[lecturers, 1] * x
+        else:
+            d = pm.Normal("d", 0, 1, shape=30)
+            mean = mu + s[students] + d[lecturers]
+        pm.Normal("y", mean, 1.0, observed=rng.normal(size=N))
+    return model
+
+
+def test_crossed_factors_are_blocks_of_one_arrowhead_without_their_couplings():
+    """Two factors: each factor's blocks and its cross terms with the globals are the
+    Hessian's, the couplings between the factors are left out (block Jacobi), and nothing
+    else differs — checked against the dense Hessian of the potential."""
+    import jax
+    import jax.numpy as jnp
+
+    step, found = find(crossed())
+    assert isinstance(found, GroupStructure), found
+    assert "crossed" in found.description and found.n_factors == 2, found.description
+    at = offsets(step)
+    np.testing.assert_array_equal(found.local_idx[:, 0], np.r_[at["s"], at["d"]])
+    np.testing.assert_array_equal(found.factor, np.r_[np.zeros(J), np.ones(30)])
+
+    fns = step.problem.jax_functions()
+    ip = step.problem.model.initial_point()
+    fixed = step.problem.fixed_values(ip)
+    point = np.asarray(step.problem.ravel(ip)) + 0.1 * np.random.default_rng(2).normal(
+        size=step.problem.dim
+    )
+    data = tuple(jnp.asarray(a) for a in step.problem.data)
+
+    def potential(th):
+        return -(fns["logprior"](th, fixed) + jnp.sum(fns["loglik_rows"](th, fixed, data)))
+
+    hessian = np.asarray(jax.hessian(potential)(jnp.asarray(point)), dtype=np.float64)
+    curvature = step._structured_curvature(point, fixed, found)
+    measured = np.stack([curvature.matvec(e) for e in np.eye(step.problem.dim)], axis=1)
+    expected = hessian.copy()
+    coupling = hessian[np.ix_(at["s"], at["d"])]
+    assert np.abs(coupling).max() > 0.1  # there is a coupling, and it is not of rank one
+    skeleton = np.outer(coupling.sum(axis=1), coupling.sum(axis=0)) / coupling.sum()
+    expected[np.ix_(at["s"], at["d"])] = skeleton
+    expected[np.ix_(at["d"], at["s"])] = skeleton.T
+    tol = 1e-5 * np.abs(hessian).max()  # the products in the model's precision
+    np.testing.assert_allclose(measured, expected, atol=tol)
+    # along the ridge where the students' effects rise as the lecturers' fall the likelihood
+    # is flat; the skeleton has it exactly
+    ridge = np.zeros(step.problem.dim)
+    ridge[at["s"]], ridge[at["d"]] = 1.0, -1.0
+    np.testing.assert_allclose(curvature.matvec(ridge), hessian @ ridge, atol=tol)
+
+
+def test_the_crossed_whitening_is_the_factor_of_the_arrowhead_with_its_couplings():
+    """``StructuredWhitening`` of a crossed arrowhead: ``(CP)(CP)ᵀ`` is the measured matrix
+    (blocks, cross terms and the factors' couplings), and its operators, inverse diagonal and
+    whitened noise diagonals agree with dense linear algebra."""
+    import jax
+
+    from pymc_sgmcmc.tuning.structure import StructuredWhitening
+
+    rng = np.random.default_rng(3)
+    g, js, jd = 2, 12, 9
+    dim = g + js + jd
+    structure = GroupStructure(
+        np.arange(g),
+        np.arange(g, dim)[:, None],
+        "s × d",
+        np.r_[np.zeros(js), np.ones(jd)].astype(int),
+    )
+    rows = [(rng.integers(js), rng.integers(jd)) for _ in range(200)]
+    design = np.zeros((len(rows), dim))
+    for i, (a, b) in enumerate(rows):
+        design[i, :g] = rng.normal(size=g)
+        design[i, g + a] = design[i, g + js + b] = 1.0
+    prior = np.diag(rng.uniform(0.5, 2.0, dim))
+    hessian = design.T @ design + prior
+    curvature = structure.curvature_from_products(structure.probes() @ hessian)
+    dense = np.stack([curvature.matvec(e) for e in np.eye(dim)], axis=1)
+    whitening = StructuredWhitening.from_curvature(curvature)
+    op = whitening.operator()
+    with jax.enable_x64(True):  # the operators are JAX's; in double precision as a run is
+        factor = np.asarray(op.multiply(np.eye(dim))).T  # columns C P e_i
+        inverse = np.asarray(op.solve(np.eye(dim))).T
+        gram = op.gram_diagonal(d := rng.uniform(0.1, 1.0, dim))
+    np.testing.assert_allclose(factor @ factor.T, dense, rtol=1e-8, atol=1e-8 * dense.max())
+    np.testing.assert_allclose(inverse, np.linalg.inv(factor), atol=1e-8)
+    covariance = np.linalg.inv(dense)
+    np.testing.assert_allclose(whitening.covariance_diagonal(), np.diag(covariance), rtol=1e-8)
+    ell = np.linalg.inv(factor).T  # L = (CP)⁻ᵀ
+    m = rng.uniform(0.1, 1.0, dim)
+    np.testing.assert_allclose(
+        whitening.to_whitened(m), np.diag(ell.T @ np.diag(m) @ ell), rtol=1e-8
+    )
+    noise = structure.curvature_from_products(structure.probes() @ hessian)
+    noise = type(noise)(structure, noise.gg, noise.ug, noise.uu)  # measured without couplings
+    noise_dense = np.stack([noise.matvec(e) for e in np.eye(dim)], axis=1)
+    np.testing.assert_allclose(
+        whitening.to_whitened(noise), np.diag(ell.T @ noise_dense @ ell), rtol=1e-8
+    )
+    np.testing.assert_allclose(gram, np.diag(factor @ np.diag(d) @ factor.T), rtol=1e-8)
+
+
+def test_crossed_factors_need_the_same_block_size():
+    _, found = find(crossed(slopes=True))
+    assert isinstance(found, str) and "different numbers of coordinates" in found, found
+
+
+def test_nested_factors_in_the_rows_are_not_taken_for_crossed_ones():
+    """Counties within states, both effects on the rows (a non-centred county-in-state
+    model): the coupling of a state with its counties is not of low rank — refused, with the
+    reason."""
+    group, x, y = data()
+    state = np.arange(J) % 20  # 20 states of two counties each
+    with pm.Model() as model:
+        v = pm.Normal("v", 0, 1, shape=20)
+        z = pm.Normal("z", 0, 1, shape=J)
+        pm.Normal("y", v[state[group]] + 0.5 * z[group], 1.0, observed=y)
     _, found = find(model)
-    assert isinstance(found, str) and "crossed" in found, found
+    assert isinstance(found, str) and "nested factors" in found and "z: 40" in found, found
 
 
 def test_a_county_in_state_prior_couples_groups_beyond_the_rows():

@@ -42,16 +42,23 @@ __all__ = [
 
 
 class ArrowheadCholesky(NamedTuple):
-    """The factor ``C`` of a block-arrowhead curvature, in the raveled coordinates:
-    ``local_idx`` ``(J, k)`` and ``global_idx`` ``(G,)`` say where each block's coordinates
-    sit; ``chol_u`` ``(J, k, k)``, ``cross`` ``(J, G, k)`` (``C_gu``'s blocks) and ``chol_g``
-    ``(G, G)`` are its parts."""
+    """The factor ``C P`` of a block-arrowhead curvature with a low-rank correction, in the
+    raveled coordinates: ``local_idx`` ``(J, k)`` and ``global_idx`` ``(G,)`` say where each
+    block's coordinates sit; ``chol_u`` ``(J, k, k)``, ``cross`` ``(J, G, k)`` (``C_gu``'s
+    blocks) and ``chol_g`` ``(G, G)`` are the arrowhead factor ``C``'s parts, and
+    ``P = I + V X Vᵀ`` (symmetric; ``low_v`` ``(D, r)``, ``low_x`` ``(r, r)``, ``P⁻¹ = I +
+    V X' Vᵀ`` with ``low_x_inverse`` ``X'``) the correction: ``C P² Cᵀ = C Cᵀ + U S Uᵀ``
+    (:meth:`pymc_sgmcmc.tuning.structure.StructuredWhitening.from_curvature`; the couplings
+    between crossed factors). ``r = 0``: none."""
 
     global_idx: jax.Array
     local_idx: jax.Array
     chol_u: jax.Array
     cross: jax.Array
     chol_g: jax.Array
+    low_v: jax.Array
+    low_x: jax.Array
+    low_x_inverse: jax.Array
 
     def _split(self, v):
         return v[..., self.local_idx], v[..., self.global_idx]
@@ -60,24 +67,27 @@ class ArrowheadCholesky(NamedTuple):
         out = jnp.zeros_like(like)
         return out.at[..., self.local_idx].set(u).at[..., self.global_idx].set(g)
 
-    def solve(self, v):
-        """``C⁻¹ v``."""
+    def _low_rank(self, v, x):
+        """``(I + V x Vᵀ) v`` along the last axis."""
+        if self.low_v.shape[-1] == 0:
+            return v
+        return v + jnp.einsum("dr,rs,...s->...d", self.low_v, x, v @ self.low_v)
+
+    def _arrow_solve(self, v):
         u, g = self._split(v)
         y_u = _block_solve(self.chol_u, u, transpose=False)
         rhs = g - jnp.einsum("jgk,...jk->...g", self.cross, y_u)
         y_g = _solve(self.chol_g, rhs, transpose=False)
         return self._join(y_u, y_g, v)
 
-    def solve_transpose(self, v):
-        """``C⁻ᵀ v``."""
+    def _arrow_solve_transpose(self, v):
         u, g = self._split(v)
         x_g = _solve(self.chol_g, g, transpose=True)
         rhs = u - jnp.einsum("jgk,...g->...jk", self.cross, x_g)
         x_u = _block_solve(self.chol_u, rhs, transpose=True)
         return self._join(x_u, x_g, v)
 
-    def multiply(self, v):
-        """``C v``."""
+    def _arrow_multiply(self, v):
         u, g = self._split(v)
         y_u = jnp.einsum("jab,...jb->...ja", self.chol_u, u)
         y_g = jnp.einsum("jgk,...jk->...g", self.cross, u) + jnp.einsum(
@@ -85,8 +95,7 @@ class ArrowheadCholesky(NamedTuple):
         )
         return self._join(y_u, y_g, v)
 
-    def multiply_transpose(self, v):
-        """``Cᵀ v``."""
+    def _arrow_multiply_transpose(self, v):
         u, g = self._split(v)
         y_u = jnp.einsum("jba,...jb->...ja", self.chol_u, u) + jnp.einsum(
             "jgk,...g->...jk", self.cross, g
@@ -94,8 +103,24 @@ class ArrowheadCholesky(NamedTuple):
         y_g = jnp.einsum("ba,...b->...a", self.chol_g, g)
         return self._join(y_u, y_g, v)
 
+    def solve(self, v):
+        """``(C P)⁻¹ v = P⁻¹ C⁻¹ v``."""
+        return self._low_rank(self._arrow_solve(v), self.low_x_inverse)
+
+    def solve_transpose(self, v):
+        """``(C P)⁻ᵀ v = C⁻ᵀ P⁻¹ v``."""
+        return self._arrow_solve_transpose(self._low_rank(v, self.low_x_inverse))
+
+    def multiply(self, v):
+        """``C P v``."""
+        return self._arrow_multiply(self._low_rank(v, self.low_x))
+
+    def multiply_transpose(self, v):
+        """``(C P)ᵀ v = P Cᵀ v``."""
+        return self._low_rank(self._arrow_multiply_transpose(v), self.low_x)
+
     def gram_diagonal(self, d):
-        """The diagonal of ``C diag(d) Cᵀ`` (on the host)."""
+        """The diagonal of ``(C P) diag(d) (C P)ᵀ`` (on the host)."""
         d = np.asarray(d, dtype=np.float64)
         du, dg = d[self.local_idx], d[self.global_idx]
         out = np.zeros_like(d)
@@ -104,6 +129,14 @@ class ArrowheadCholesky(NamedTuple):
             np.einsum("jab,jb->a", np.asarray(self.cross) ** 2, du)
             + (np.asarray(self.chol_g) ** 2) @ dg
         )
+        v = np.asarray(self.low_v, dtype=np.float64)
+        if v.shape[-1]:
+            # P D P = D + V X Vᵀ D + D V X Vᵀ + V X (Vᵀ D V) X Vᵀ, each term through C
+            x = np.asarray(self.low_x, dtype=np.float64)
+            cv = np.asarray(self._arrow_multiply(v.T)).T  # (D, r)
+            cdv = np.asarray(self._arrow_multiply((d[:, None] * v).T)).T
+            out = out + 2.0 * np.einsum("dr,rs,ds->d", cv, x, cdv)
+            out = out + np.einsum("dr,rs,ds->d", cv, x @ (v.T @ (d[:, None] * v)) @ x, cv)
         return out
 
     def astype(self, dtype) -> ArrowheadCholesky:
@@ -112,6 +145,9 @@ class ArrowheadCholesky(NamedTuple):
             chol_u=np.asarray(self.chol_u, dtype),
             cross=np.asarray(self.cross, dtype),
             chol_g=np.asarray(self.chol_g, dtype),
+            low_v=np.asarray(self.low_v, dtype),
+            low_x=np.asarray(self.low_x, dtype),
+            low_x_inverse=np.asarray(self.low_x_inverse, dtype),
         )
 
 
