@@ -78,6 +78,10 @@ SHIFT_TOLERANCE = 0.20  # posterior sds
 FAMILY_WISE_RATE = 0.05
 MAX_RELAXATION_PASSES = 100.0
 MAX_CHECKED = 512  # coordinates checked per chain (all of them up to this many)
+MIN_GLOBAL_ESS = 100.0
+"""A global of a hierarchical model with fewer effective draws is reported: its mean and sd
+are then known to no better than ±0.3 of its sd, whatever the sampler's accuracy (issue 37's
+rule; the chains relax slowly along it — a funnel, a ridge)."""
 
 _log = logging.getLogger("pymc")
 
@@ -532,6 +536,10 @@ def check_marginal(
         loadings = np.argsort(-np.abs(direction))[:3]
         out["ridge_along"] = [names[j] for j in loadings]
         out["ridge_stuck"] = bool(relax.max() > MAX_RELAXATION_PASSES)
+    if positions.shape[1] >= 4:
+        effective = {name: _ess(positions[..., j], ess) for j, name in enumerate(names)}
+        out["global_ess"] = {name: round(v, 1) for name, v in effective.items()}
+        out["few_effective_draws"] = [n for n, v in effective.items() if v < MIN_GLOBAL_ESS]
     draws = positions.reshape(-1, positions.shape[-1])
     if draws.shape[0] > 1:
         out["laplace_variance_ratio"] = {
@@ -563,6 +571,16 @@ def _marginal_messages(marginal: dict[str, Any], entry: dict) -> list[str]:
             for n in marginal["stein_flagged"]
         }
         messages.append(f"the globals' marginal is off for {_shorten(found)}: {fix}")
+    few = marginal.get("few_effective_draws") or []
+    if few:
+        ess = marginal["global_ess"]
+        found = {n: f"ESS {ess[n]:.0f}" for n in few}
+        messages.append(
+            f"few effective draws of {_shorten(found)}: their means and sds are known only "
+            f"to about ±3/√ESS of their sd (below {MIN_GLOBAL_ESS:.0f} draws the accuracy "
+            "cannot be told); the chains relax slowly along them: run more draws, or sample "
+            "a non-centred model centred (or the reverse)"
+        )
     if marginal.get("ridge_stuck"):
         messages.append(
             f"the chains barely move along the ridge of {', '.join(marginal['ridge_along'])} "

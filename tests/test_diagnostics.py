@@ -97,3 +97,37 @@ def test_check_draws_statistics_on_known_draws():
     assert all(abs(v - 0.5) < 0.1 for v in shifted["mean_shift_sd"].values())
     still = np.repeat(theta[:, :1], 2000, axis=1) + 1e-9 * theta
     assert check_draws(still, -still, np.ones(3), names, 1.0, ess=ess_mean)["stuck"] == names
+
+
+def test_a_global_with_few_effective_draws_is_named():
+    """The globals' marginal check reports a global whose draws are too correlated to tell
+    its accuracy (bulk ESS below 100: issue 37's rule), with exact but slowly mixing draws
+    — an AR(1) chain of N(0, 1) with ρ = 0.99 (ESS ≈ 800 · 0.005 ≈ 4) beside independent
+    ones."""
+    from pymc_sgmcmc.diagnostics import _marginal_messages, check_marginal
+
+    rng = np.random.default_rng(0)
+    chains, draws = 2, 400
+    slow = np.zeros((chains, draws))
+    slow[:, 0] = rng.normal(size=chains)
+    for t in range(1, draws):
+        slow[:, t] = 0.99 * slow[:, t - 1] + np.sqrt(1 - 0.99**2) * rng.normal(size=chains)
+    positions = np.stack([rng.normal(size=(chains, draws)), slow], axis=-1)
+    info = {
+        "names": ["theta", "tau"],
+        "cov_diag": [1.0, 1.0],
+        "direction": [1.0, 0.0],
+        "direction_variance": 1.0,
+    }
+    entries = [{"check": {"marginal": info}}] * chains
+    out = check_marginal(positions, -positions, entries, 1.0, ess=_bulk_ess)
+    assert out["few_effective_draws"] == ["tau"], out["global_ess"]
+    assert out["global_ess"]["theta"] > 400
+    (message,) = [m for m in _marginal_messages(out, {}) if "effective draws" in m]
+    assert "tau (ESS" in message and "theta" not in message
+
+
+def _bulk_ess(x):
+    import arviz as az
+
+    return float(az.ess(np.asarray(x), method="bulk"))
