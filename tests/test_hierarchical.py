@@ -95,6 +95,7 @@ def test_random_intercepts_theta_and_the_groups_are_right(J, sampler, local):
         assert settings["chains"][0]["whitening"] == "structured", settings["chains"][0]
 
 
+@pytest.mark.slow
 def test_the_globals_marginal_is_checked_under_a_dense_whitening_too():
     """Group effects beside a global: the marginal check runs whatever the whitening (it
     used to run under a diagonal one only). J = 300 groups of 20 rows: D = 301, dense by
