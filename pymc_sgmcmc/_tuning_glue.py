@@ -185,15 +185,16 @@ class AutomaticTuning:
         compiled = self._compile()
         h = self._structured_curvature(position, fixed, structure)
         noise_key = compiled["fold_in"](key, 1)
-        gg, ug, uu = compiled["structured_noise"](
+        moments = compiled["structured_noise"](
             noise_key,
             position,
             fixed,
             self._tuning_data(noise_key, self._search_rows),
             jnp.asarray(structure.global_idx),
             jnp.asarray(structure.local_idx),
+            jnp.asarray(structure.pair_masks(), dtype=self.problem.dtype),
         )
-        c = StructuredCurvature(structure, np.asarray(gg), np.asarray(ug), np.asarray(uu))
+        c = StructuredCurvature(structure, *(np.asarray(m) for m in moments))
         n, b = self.problem.data_size, self.batch_size
         noise = c * (n**2 / b * noise_factor(n, b, self.minibatch))
         stability = self._relative_stiffness(

@@ -101,6 +101,7 @@ class _VarianceReducedLD(SGLD):
                 False,
                 structure.global_idx,
                 structure.local_idx,
+                structure.pair_masks(),
             )
             c = StructuredCurvature(structure, *(np.asarray(m) for m in moments))
             return type(base)(
@@ -128,7 +129,9 @@ class _VarianceReducedLD(SGLD):
         per_example = self.problem.jax_functions()["per_example_grads"]
         stored_fn = self._stored_rows
 
-        def vr_noise(key, state, fixed, data, dense, global_idx=None, local_idx=None):
+        def vr_noise(
+            key, state, fixed, data, dense, global_idx=None, local_idx=None, pair_masks=None
+        ):
             if every_row:
                 idx = jnp.arange(n)
             else:
@@ -146,7 +149,7 @@ class _VarianceReducedLD(SGLD):
             dim = state.position.shape[0]
             if local_idx is not None:  # with the model's nested structure
                 return chunked_arrowhead_moments(
-                    rows_of, rows, dim, global_idx, local_idx, NOISE_CHUNK_WORK
+                    rows_of, rows, dim, global_idx, local_idx, NOISE_CHUNK_WORK, pair_masks
                 )
             return chunked_gradient_noise(rows_of, rows, dim, dense, NOISE_CHUNK_WORK)
 

@@ -14,7 +14,7 @@ import pymc as pm
 import pytest
 
 import pymc_sgmcmc as pmsg
-from pymc_sgmcmc.tuning.structure import GroupStructure
+from pymc_sgmcmc.tuning.structure import GroupStructure, StructuredCurvature
 
 J, N_PER = 40, 5
 N = J * N_PER
@@ -219,12 +219,13 @@ def test_the_crossed_whitening_is_the_factor_of_the_arrowhead_with_its_couplings
     np.testing.assert_allclose(
         whitening.to_whitened(m), np.diag(ell.T @ np.diag(m) @ ell), rtol=1e-8
     )
-    noise = structure.curvature_from_products(structure.probes() @ hessian)
-    noise = type(noise)(structure, noise.gg, noise.ug, noise.uu)  # measured without couplings
-    noise_dense = np.stack([noise.matvec(e) for e in np.eye(dim)], axis=1)
-    np.testing.assert_allclose(
-        whitening.to_whitened(noise), np.diag(ell.T @ noise_dense @ ell), rtol=1e-8
-    )
+    # a gradient noise in the same layout, with and without its couplings between factors
+    coupled = structure.curvature_from_products(structure.probes() @ (design.T @ design))
+    for noise in (coupled, StructuredCurvature(structure, coupled.gg, coupled.ug, coupled.uu)):
+        noise_dense = np.stack([noise.matvec(e) for e in np.eye(dim)], axis=1)
+        np.testing.assert_allclose(
+            whitening.to_whitened(noise), np.diag(ell.T @ noise_dense @ ell), rtol=1e-8
+        )
     np.testing.assert_allclose(gram, np.diag(factor @ np.diag(d) @ factor.T), rtol=1e-8)
 
 
@@ -265,3 +266,42 @@ def test_a_zero_sum_effect_touches_every_coordinate_at_once():
         pm.Normal("y", u[group], 1.0, observed=y)
     _, found = find(model)
     assert isinstance(found, str) and "several coordinates" in found, found
+
+
+def test_the_gradient_noise_is_measured_with_the_couplings_between_crossed_factors():
+    """``chunked_arrowhead_moments`` of per-row vectors with the crossed layout: blocks, cross
+    terms and the couplings' skeleton parts equal those of the dense second moment."""
+    import jax
+    import jax.numpy as jnp
+
+    from pymc_sgmcmc.tuning.averaging import chunked_arrowhead_moments
+
+    rng = np.random.default_rng(4)
+    g, js, jd, rows = 2, 12, 9, 300
+    dim = g + js + jd
+    structure = GroupStructure(
+        np.arange(g),
+        np.arange(g, dim)[:, None],
+        "s × d",
+        np.r_[np.zeros(js), np.ones(jd)].astype(int),
+    )
+    grads = np.zeros((rows, dim))
+    grads[:, :g] = rng.normal(size=(rows, g))
+    grads[np.arange(rows), g + rng.integers(js, size=rows)] = rng.normal(size=rows)
+    grads[np.arange(rows), g + js + rng.integers(jd, size=rows)] = rng.normal(size=rows)
+    with jax.enable_x64(True):
+        table = jnp.asarray(grads)
+        parts = chunked_arrowhead_moments(
+            lambda start, size: jax.lax.dynamic_slice_in_dim(table, start, size),
+            rows,
+            dim,
+            jnp.asarray(structure.global_idx),
+            jnp.asarray(structure.local_idx),
+            64 * dim,  # several chunks
+            jnp.asarray(structure.pair_masks()),
+        )
+    measured = StructuredCurvature(structure, *(np.asarray(p) for p in parts))
+    second = grads.T @ grads / rows
+    expected = structure.curvature_from_products(structure.probes() @ second)
+    for got, want in zip(measured._parts(), expected._parts(), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-12)

@@ -59,33 +59,54 @@ def chunked_gradient_noise(rows_fn, rows: int, dim: int, full: bool, chunk_work:
     return (square - rows * outer) / max(rows - 1, 1)
 
 
-def chunked_arrowhead_moments(rows_fn, rows: int, dim: int, global_idx, local_idx, chunk_work: int):
+def chunked_arrowhead_moments(
+    rows_fn, rows: int, dim: int, global_idx, local_idx, chunk_work: int, pair_masks=None
+):
     """The uncentred second moment ``(1/rows) Σ gᵢgᵢᵀ`` of the ``(rows, dim)`` values
     ``rows_fn(start, size)`` returns, in the block-arrowhead layout of
     :mod:`pymc_sgmcmc.tuning.structure`: ``(G, G)``, ``(J, k, G)``, ``(J, k, k)`` — exact
     when each row touches the globals and one group's locals only (elsewhere the cross terms
-    between groups are dropped). In chunks of about ``chunk_work / dim`` rows."""
+    between groups are dropped) — and, with crossed factors, the couplings between them as
+    :class:`~pymc_sgmcmc.tuning.structure.StructuredCurvature` keeps them: for each pair's
+    masks ``(a, b)`` (``pair_masks`` ``(2, P, D)``, :meth:`GroupStructure.pair_masks`),
+    ``B 1`` on ``a``, ``Bᵀ 1`` on ``b`` and ``1ᵀ B 1``. In chunks of about ``chunk_work / dim``
+    rows."""
     import jax
 
     size = min(rows, max(64, chunk_work // max(dim, 1)))
     starts, masks = full_data_chunks(rows, size)
     j, k = local_idx.shape
     g = global_idx.shape[0]
+    if pair_masks is None:
+        pair_masks = jnp.zeros((2, 0, dim))
+    mask_a, mask_b = pair_masks[0], pair_masks[1]
 
     def chunk(carry, xs):
-        gg, ug, uu = carry
+        gg, ug, uu, pa, pb, ps = carry
         start, mask = xs
         grads = rows_fn(start, size) * mask[:, None]
         gl, gu = grads[:, global_idx], grads[:, local_idx]  # (m, G), (m, J, k)
         gg = gg + gl.T @ gl
         ug = ug + jnp.einsum("mjk,mg->jkg", gu, gl)
         uu = uu + jnp.einsum("mjk,mjl->jkl", gu, gu)
-        return (gg, ug, uu), None
+        on_a, on_b = grads @ mask_a.T, grads @ mask_b.T  # (m, P): each row's sums
+        pa = pa + mask_a * (on_b.T @ grads)
+        pb = pb + mask_b * (on_a.T @ grads)
+        ps = ps + jnp.sum(on_a * on_b, axis=0)
+        return (gg, ug, uu, pa, pb, ps), None
 
     dtype = jax.eval_shape(lambda: rows_fn(0, size)).dtype
-    zero = (jnp.zeros((g, g), dtype), jnp.zeros((j, k, g), dtype), jnp.zeros((j, k, k), dtype))
-    (gg, ug, uu), _ = jax.lax.scan(chunk, zero, (starts, masks))
-    return gg / rows, ug / rows, uu / rows
+    n_pairs = mask_a.shape[0]
+    zero = (
+        jnp.zeros((g, g), dtype),
+        jnp.zeros((j, k, g), dtype),
+        jnp.zeros((j, k, k), dtype),
+        jnp.zeros((n_pairs, dim), dtype),
+        jnp.zeros((n_pairs, dim), dtype),
+        jnp.zeros((n_pairs,), dtype),
+    )
+    out, _ = jax.lax.scan(chunk, zero, (starts, masks))
+    return tuple(part / rows for part in out)
 
 
 @dataclass

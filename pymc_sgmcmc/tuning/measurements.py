@@ -165,7 +165,7 @@ def measurement_functions(
             lambda v: curvature_product(grad_u, position, v), key_probe, dim, fisher_guess
         )
 
-    def structured_noise(key, position, fixed, data, global_idx, local_idx):
+    def structured_noise(key, position, fixed, data, global_idx, local_idx, pair_masks):
         # The per-datum gradients' second moment with the model's nested structure
         # (pymc_sgmcmc.tuning.structure): a row touches the globals and one group's locals,
         # so Σ gᵢgᵢᵀ is a block arrowhead — its globals' block (G, G), each group's cross
@@ -181,7 +181,13 @@ def measurement_functions(
             return fns["per_example_grads"](position, fixed, part)
 
         return chunked_arrowhead_moments(
-            rows_of, batch[0].shape[0], position.shape[0], global_idx, local_idx, NOISE_CHUNK_WORK
+            rows_of,
+            batch[0].shape[0],
+            position.shape[0],
+            global_idx,
+            local_idx,
+            NOISE_CHUNK_WORK,
+            pair_masks,
         )
 
     def block_potential_grad(key, fixed, data, local_params, rows):

@@ -125,6 +125,16 @@ class GroupStructure:
             for t in range(k)
         ]
 
+    def pair_masks(self) -> np.ndarray:
+        """``(2, P, D)``: for each of :meth:`pairs`, the indicators of its two slots'
+        coordinates (the first factor's, the second's)."""
+        factors, pairs = self._factors(), self.pairs()
+        out = np.zeros((2, len(pairs), self.dim))
+        for p, (f, s, h, t) in enumerate(pairs):
+            out[0, p, self.local_idx[factors == f, s]] = 1.0
+            out[1, p, self.local_idx[factors == h, t]] = 1.0
+        return out
+
     def probes(self, dtype=np.float64) -> np.ndarray:
         """``(G + F·k, D)``: the unit vectors of the globals, then for each factor and local
         slot one vector with ones on the slot's coordinate of every group of that factor
@@ -429,6 +439,10 @@ class StructuredWhitening:
                 + 2.0 * np.einsum("jak,jkg,ag->a", z, matrix.ug, inv_g)
                 + np.einsum("ag,gh,ah->a", inv_g, matrix.gg, inv_g)
             )
+            u, coupling = matrix.low_rank()
+            if u.shape[1]:  # its couplings between crossed factors: diag(C⁻¹ U S Uᵀ C⁻ᵀ)
+                w = self._solve(u)
+                out = out + np.sum((w @ coupling) * w, axis=1)
             return self._with_low_rank(out, lambda w: np.stack([matrix.matvec(c) for c in w.T], 1))
         m = np.asarray(matrix, dtype=np.float64)
         if m.ndim != 1:
