@@ -18,7 +18,10 @@ beyond 3× them. The self-check's verdict (a warning that names a global, or any
 
 Run: ``python benchmarks/hierarchical.py [--only NAME ...] [--samplers ...] [--local
 {yes,no,both}] [--json PATH] [--write]``; cells append to the JSON as they finish (a rerun
-skips those done), ``--from-json`` renders the table (``--write`` into RESULTS.md).
+skips those done), ``--from-json`` renders the table (``--write`` into RESULTS.md). A
+``ri_scales_*`` name takes a parameterisation suffix, ``ri_scales_J200_n20:centered`` or
+``:noncentered`` (the default); the groups are scored on ``u`` (sampled when centred, a
+deterministic when not) in both.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import argparse
 import json
 import sys
 import time
+import traceback
 import warnings
 from pathlib import Path
 
@@ -51,6 +55,8 @@ DEFAULT_NAMES = [
     "ri_exact_J20000_n20",
     "ri_exact_J20000_n2",
 ]
+PARAMETERIZATIONS = ("noncentered", "centered")  # ri_scales_*: the first is the default
+PARAMETERIZATION_LABELS = {"noncentered": "non-centred", "centered": "centred"}
 WITHOUT_LOCALS_MAX_J = 20000  # the issue's grid: u sampled up to J = 20 000
 MIN_ESS = 100
 """A global with a smaller bulk ESS (of 800 draws) fails the cell: its Monte Carlo allowance
@@ -64,11 +70,34 @@ def group_variable(model) -> str:
     return max(sizes, key=sizes.get)
 
 
-def run_cell(name: str, sampler: str, local: bool, draws: int, tune: int, seed: int) -> dict:
+def parse_name(spec: str) -> tuple[str, str | None]:
+    """``"ri_scales_J200_n20:centered"`` → ``("ri_scales_J200_n20", "centered")``; a
+    ``ri_scales_*`` name without a suffix is non-centred, other names have no
+    parameterisation (``None``)."""
+    name, _, parameterization = spec.partition(":")
+    if not name.startswith("ri_scales_"):
+        if parameterization:
+            raise ValueError(f"{spec!r}: only ri_scales_* names take a parameterisation")
+        return name, None
+    parameterization = parameterization or PARAMETERIZATIONS[0]
+    if parameterization not in PARAMETERIZATIONS:
+        raise ValueError(f"{spec!r}: parameterisation must be one of {PARAMETERIZATIONS}")
+    return name, parameterization
+
+
+def run_cell(
+    name: str,
+    sampler: str,
+    local: bool,
+    draws: int,
+    tune: int,
+    seed: int,
+    parameterization: str | None = None,
+) -> dict:
     from posteriors import hierarchical as hier
     from stack import dataset
 
-    model = hier.build(name)
+    model = hier.build(name, **({"parameterization": parameterization} if parameterization else {}))
     ref = hier.load_reference(name)
     with model:
         kwargs = {"local_vars": [model[group_variable(model)]]} if local else {}
@@ -80,10 +109,15 @@ def run_cell(name: str, sampler: str, local: bool, draws: int, tune: int, seed: 
                 step=step, draws=draws, tune=tune, chains=2, random_seed=seed, progressbar=False
             )
         seconds = time.perf_counter() - t0
-    scored = hier.score_summary(idata, name)
+    # the posterior group against the reference's labels: the globals and the group-level
+    # quantities (u for ri_scales_*: a deterministic in the non-centred form, not z)
+    scored = hier.score_summary(dataset(idata, "posterior"), name)
     table = scored["table"]
     globals_ = ref["globals"]
     groups = [k for k in table if k not in globals_]
+    missing = [k for k in ref["mean"] if k not in table]
+    if missing or not groups:
+        raise ValueError(f"{len(missing)} reference labels not in the posterior: {missing[:3]}")
     dmean, sd_ratio, ess = ({k: table[k][f] for k in table} for f in ("dmean", "sd_ratio", "ess"))
     settings = json.loads(dataset(idata, "sample_stats").attrs["sgmcmc_settings"])[0]
     chain = settings.get("chains", [{}])[0]
@@ -93,8 +127,10 @@ def run_cell(name: str, sampler: str, local: bool, draws: int, tune: int, seed: 
     check = [m for c, m in messages if c == SGMCMCCheckWarning.__name__]
     return {
         "name": name,
+        "parameterization": parameterization,
         "sampler": sampler,
         "local": local,
+        "local_var": group_variable(model) if local else None,
         "draws": draws,
         "tune": tune,
         "seed": seed,
@@ -170,8 +206,11 @@ def render(cells: list[dict]) -> str:
         passed += v["pass"]
         silent += (not v["pass"]) and (not v["warned"])
         false_alarms += v["pass"] and v["warned"]
+        posterior = c["name"]
+        if c.get("parameterization"):
+            posterior += f" ({PARAMETERIZATION_LABELS[c['parameterization']]})"
         lines.append(
-            f"| {c['name']} | {c['sampler']} | {'local_vars' if c['local'] else 'sampled'} "
+            f"| {posterior} | {c['sampler']} | {'local_vars' if c['local'] else 'sampled'} "
             f"| {c['whitening']} | {gmax:.3f} / {ratios} ({ess:.0f}) "
             f"| {gr['mean_abs_dmean']:.3f} / {gr['mean_abs_sd_error']:.3f} "
             f"({gr['max_abs_dmean']:.2f} / {gr['max_abs_sd_error']:.2f}) | {verdict_text} "
@@ -204,8 +243,9 @@ def main() -> None:
         cells = [c for p in args.from_json for c in json.loads(p.read_text())]
     else:
         done = json.loads(args.json.read_text()) if args.json.exists() else []
-        seen = {(c["name"], c["sampler"], c["local"]) for c in done}
-        for name in args.only:
+        seen = {(c["name"], c.get("parameterization"), c["sampler"], c["local"]) for c in done}
+        for spec in args.only:
+            name, parameterization = parse_name(spec)
             J = int(name.split("_J")[1].split("_")[0]) if "_J" in name else 0
             for local in {"yes": [True], "no": [False], "both": [False, True]}[args.local]:
                 if not local and J > WITHOUT_LOCALS_MAX_J:
@@ -213,14 +253,24 @@ def main() -> None:
                 for sampler in args.samplers:
                     if local and sampler not in LOCAL_SAMPLERS:
                         continue
-                    if (name, sampler, local) in seen:
+                    if (name, parameterization, sampler, local) in seen:
                         continue
-                    print(f"== {name} {sampler} {'local' if local else 'sampled'}", flush=True)
+                    print(f"== {spec} {sampler} {'local' if local else 'sampled'}", flush=True)
                     try:
-                        cell = run_cell(name, sampler, local, args.draws, args.tune, args.seed)
+                        cell = run_cell(
+                            name,
+                            sampler,
+                            local,
+                            args.draws,
+                            args.tune,
+                            args.seed,
+                            parameterization,
+                        )
                     except Exception as err:  # a cell that errors is recorded as such
+                        traceback.print_exc()
                         cell = {
                             "name": name,
+                            "parameterization": parameterization,
                             "sampler": sampler,
                             "local": local,
                             "error": repr(err)[:500],
@@ -237,7 +287,10 @@ def main() -> None:
     errors = [c for c in cells if "error" in c]
     print(table)
     for c in errors:
-        print(f"error: {c['name']} {c['sampler']} local={c['local']}: {c['error']}")
+        print(
+            f"error: {c['name']} {c.get('parameterization') or ''} {c['sampler']} "
+            f"local={c['local']}: {c['error']}"
+        )
     if args.write:
         results = REPO / "benchmarks" / "RESULTS.md"
         results.write_text(results.read_text() + "\n" + table + "\n")
