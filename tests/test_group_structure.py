@@ -189,12 +189,7 @@ def test_the_crossed_whitening_is_the_factor_of_the_arrowhead_with_its_couplings
     rng = np.random.default_rng(3)
     g, js, jd = 2, 12, 9
     dim = g + js + jd
-    structure = GroupStructure(
-        np.arange(g),
-        np.arange(g, dim)[:, None],
-        "s × d",
-        np.r_[np.zeros(js), np.ones(jd)].astype(int),
-    )
+    structure = crossed_layout(g, js, jd)
     rows = [(rng.integers(js), rng.integers(jd)) for _ in range(200)]
     design = np.zeros((len(rows), dim))
     for i, (a, b) in enumerate(rows):
@@ -279,12 +274,7 @@ def test_the_gradient_noise_is_measured_with_the_couplings_between_crossed_facto
     rng = np.random.default_rng(4)
     g, js, jd, rows = 2, 12, 9, 300
     dim = g + js + jd
-    structure = GroupStructure(
-        np.arange(g),
-        np.arange(g, dim)[:, None],
-        "s × d",
-        np.r_[np.zeros(js), np.ones(jd)].astype(int),
-    )
+    structure = crossed_layout(g, js, jd)
     grads = np.zeros((rows, dim))
     grads[:, :g] = rng.normal(size=(rows, g))
     grads[np.arange(rows), g + rng.integers(js, size=rows)] = rng.normal(size=rows)
@@ -305,3 +295,11 @@ def test_the_gradient_noise_is_measured_with_the_couplings_between_crossed_facto
     expected = structure.curvature_from_products(structure.probes() @ second)
     for got, want in zip(measured._parts(), expected._parts(), strict=True):
         np.testing.assert_allclose(got, want, atol=1e-12)
+
+
+def crossed_layout(g: int, js: int, jd: int) -> GroupStructure:
+    """``g`` globals, then ``js`` and ``jd`` one-coordinate groups of two crossed factors."""
+    dim = g + js + jd
+    return GroupStructure(
+        np.arange(g), np.arange(g, dim)[:, None], "s × d", np.repeat([0, 1], [js, jd])
+    )
