@@ -192,7 +192,7 @@ class StructuredCurvature:
     ug: np.ndarray
     uu: np.ndarray
     pair_a: np.ndarray | None = None
-    """``(P, D)`` with crossed factors (:meth:`GroupStructure.pairs`): the coupling block
+    """``(P, D)`` (None: zeros) with crossed factors (:meth:`GroupStructure.pairs`): the coupling block
     ``B`` between two factors' slots times the ones, ``B 1``, on the first's coordinates."""
     pair_b: np.ndarray | None = None
     """``(P, D)``: ``Bᵀ 1`` on the second factor's coordinates."""
@@ -200,28 +200,21 @@ class StructuredCurvature:
     """``(P,)``: ``1ᵀ B 1``. The coupling is kept as its skeleton ``B ≈ (B1)(1ᵀB)/(1ᵀB1)``
     — exact on the ridge along which one factor's effects rise as the other's fall."""
 
-    def _parts(self) -> tuple:
+    def __post_init__(self) -> None:
+        # couplings not given (none measured): zeros, one row per pair of the structure, so
+        # that every instance of a structure has the same parts
         if self.pair_a is None:
-            return self.gg, self.ug, self.uu
-        return self.gg, self.ug, self.uu, self.pair_a, self.pair_b, self.pair_sum
+            n = len(self.structure.pairs())
+            object.__setattr__(self, "pair_a", np.zeros((n, self.structure.dim)))
+            object.__setattr__(self, "pair_b", np.zeros((n, self.structure.dim)))
+            object.__setattr__(self, "pair_sum", np.zeros(n))
 
-    def _with_pairs(self) -> StructuredCurvature:
-        """The same with explicit zero couplings between crossed factors where none were
-        measured (a gradient noise's), so that it combines with a curvature that has them."""
-        if self.pair_a is not None:
-            return self
-        n = len(self.structure.pairs())
-        zero = np.zeros((n, self.structure.dim))
-        return StructuredCurvature(
-            self.structure, self.gg, self.ug, self.uu, zero, zero.copy(), np.zeros(n)
-        )
+    def _parts(self) -> tuple:
+        return self.gg, self.ug, self.uu, self.pair_a, self.pair_b, self.pair_sum
 
     def _map(self, other, op):
         if isinstance(other, StructuredCurvature):
-            a, b = self, other
-            if (a.pair_a is None) != (b.pair_a is None):
-                a, b = a._with_pairs(), b._with_pairs()
-            parts = [op(x, y) for x, y in zip(a._parts(), b._parts(), strict=True)]
+            parts = [op(x, y) for x, y in zip(self._parts(), other._parts(), strict=True)]
         else:
             parts = [op(a, other) for a in self._parts()]
         return StructuredCurvature(self.structure, *parts)
@@ -247,7 +240,7 @@ class StructuredCurvature:
         """``U`` ``(D, 2P)`` and ``S`` ``(2P, 2P)`` with ``U S Uᵀ`` the couplings between
         crossed factors (their skeletons; a pair whose ``1ᵀB1`` vanishes contributes
         nothing)."""
-        if self.pair_a is None or not len(self.pair_a):
+        if not len(self.pair_a):
             return np.zeros((self.structure.dim, 0)), np.zeros((0, 0))
         n = len(self.pair_a)
         u = np.empty((self.structure.dim, 2 * n))
