@@ -47,6 +47,19 @@ def pytest_unconfigure(config):
         shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _chain_workers_end_with_their_module():
+    """Worker processes a module's tests start end with that module. ``chain_method="auto"``
+    takes the workers whenever they are up, so without this every later test in the same
+    pytest-xdist worker ran its chains in processes because an earlier module had started
+    them (each of its programs then compiled once per worker process, beside the other xdist
+    worker on the second CPU)."""
+    yield
+    import pymc_sgmcmc as pmsg
+
+    pmsg.close_workers()
+
+
 @dataclass
 class ConjugateRegression:
     """y = X β + ε, ε ~ N(0, σ²) with σ known, β ~ N(0, τ² I): a Gaussian posterior."""
