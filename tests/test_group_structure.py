@@ -135,6 +135,7 @@ def crossed(slopes=False):
     return model
 
 
+@pytest.mark.slow  # 20-60 s, compiling (tests/README.md: the loop's budget)
 def test_crossed_factors_are_blocks_of_one_arrowhead_without_their_couplings():
     """Two factors: each factor's blocks and its cross terms with the globals are the
     Hessian's, the couplings between the factors are left out (block Jacobi), and nothing

@@ -85,6 +85,7 @@ def test_zarr_and_dask_arrays_are_read_by_blocks(regression, tmp_path):
 # --- sampling -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 20-60 s, compiling (tests/README.md: the loop's budget)
 def test_memmap_posterior_matches_in_memory_and_the_exact_one(on_disk, regression):
     X, y, mean, sd = regression
     Xm, ym = on_disk

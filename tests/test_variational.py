@@ -272,6 +272,7 @@ def test_inference_data_holds_locals_elbo_and_q():
 # ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 20-60 s, compiling (tests/README.md: the loop's budget)
 def test_markov_needs_a_gaussian_tridiagonal_prior_and_is_the_default_where_it_has_one():
     # local_family="markov" by name is refused where the prior does not allow it; the
     # default ("auto") takes "markov" where it does and "meanfield" elsewhere.
@@ -351,6 +352,7 @@ def test_a_frozen_q_is_fit_where_the_chain_samples_on_radon():
     assert result["pass"], (result["failures"], scored["table"])
 
 
+@pytest.mark.slow  # 20-60 s, compiling (tests/README.md: the loop's budget)
 def test_a_frozen_q_without_automatic_tuning_still_adapts_while_tuning():
     # A fixed step has no tuner, hence no tuning measurements to refit q at: q then adapts
     # by minibatch steps while tuning, as before (found by review: it stayed at its start).
