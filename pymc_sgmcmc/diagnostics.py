@@ -447,7 +447,7 @@ def run_checks(
                 )
             if stats.get("stein_flagged"):
                 found = {
-                    n: f"variance ratio {stats['stein_ratio'][n]:.2f}, mean off by "
+                    n: f"{_ratio_text(stats['stein_ratio'][n])}, mean off by "
                     f"{stats['mean_shift_sd'][n]:+.2f} sd"
                     for n in stats["stein_flagged"]
                 }
@@ -566,7 +566,7 @@ def _marginal_messages(marginal: dict[str, Any], entry: dict) -> list[str]:
         )
     if marginal.get("stein_flagged"):
         found = {
-            n: f"marginal variance ratio {marginal['stein_ratio'][n]:.2f}, mean off by "
+            n: f"marginal {_ratio_text(marginal['stein_ratio'][n])}, mean off by "
             f"{marginal['mean_shift_sd'][n]:+.2f} sd"
             for n in marginal["stein_flagged"]
         }
@@ -596,6 +596,18 @@ def _other_sampler(entry: dict | None) -> str:
     sampler = (entry or {}).get("sampler")
     other = "SGLD()" if sampler in ("IASG", "ConstantSGD", "SGFS", "SGHMC") else "ConstantSGD()"
     return f"try {other}, more draws, or a larger batch_size"
+
+
+def _ratio_text(ratio: float) -> str:
+    """Stein's estimate of a variance ratio, in words. It is a mean of products that is 1 on
+    the posterior; below 0 (seen on InstEval's scales) the draws' deviations follow the
+    gradient instead of opposing it, and it is no longer a variance."""
+    if ratio < 0:
+        return (
+            f"variance ratio below 0 (Stein's statistic {ratio:.2f}: the draws lie off the "
+            "posterior)"
+        )
+    return f"variance ratio {ratio:.2f}"
 
 
 def _shorten(items: Any, limit: int = 6) -> str:

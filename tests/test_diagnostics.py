@@ -131,3 +131,12 @@ def _bulk_ess(x):
     import arviz as az
 
     return float(az.ess(np.asarray(x), method="bulk"))
+
+
+def test_a_negative_stein_statistic_is_not_called_a_variance_ratio():
+    # Stein's mean of products estimates the variance ratio near the posterior; far off it
+    # goes below 0 (InstEval's scales under IASG: -0.71), which is no variance
+    from pymc_sgmcmc.diagnostics import _ratio_text
+
+    assert _ratio_text(0.5) == "variance ratio 0.50"
+    assert "below 0" in _ratio_text(-0.71) and "-0.71" in _ratio_text(-0.71)
