@@ -73,9 +73,20 @@ _JAX_SETTINGS = (
 _CLOSE_SECONDS = 5.0
 
 # The worker's first lines: pinned before anything imports JAX.
+# On Linux a worker ends with its parent (killed, or crashed: a worker busy in a long job
+# would otherwise compute on, orphaned, until the job ended); checked once after the request
+# in case the parent had ended before it.
 _BOOT = (
     "import os, signal, sys\n"
     "signal.signal(signal.SIGINT, signal.SIG_IGN)  # until serve() installs its handler\n"
+    "if sys.platform.startswith('linux'):\n"
+    "    import ctypes\n"
+    "    try:\n"
+    "        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG\n"
+    "    except (OSError, AttributeError):\n"
+    "        pass\n"
+    "    if os.getppid() != int(sys.argv[2]):\n"
+    "        os._exit(0)\n"
     "cpu = int(sys.argv[1])\n"
     "if cpu >= 0 and hasattr(os, 'sched_setaffinity'):\n"
     "    os.sched_setaffinity(0, {cpu})\n"
@@ -105,7 +116,7 @@ class _Worker:
         self.steps: set[int] = set()  # the tokens of the steps it holds
         self.forget: set[int] = set()  # of those, the collected steps: dropped with the next job
         self.process = subprocess.Popen(
-            [sys.executable, "-P", "-c", _BOOT, str(cpu)],
+            [sys.executable, "-P", "-c", _BOOT, str(cpu), str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
