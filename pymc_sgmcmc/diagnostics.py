@@ -523,9 +523,22 @@ def check_marginal(
     info = chains[0]["check"]["marginal"]
     names = info["names"]
     cov_diag = np.mean([np.asarray(c["check"]["marginal"]["cov_diag"]) for c in chains], axis=0)
+    # The joint curvature is measured at one point; in a funnel (a non-centred scale) it may
+    # be indefinite there, and a global's [H⁻¹]_gg ≤ 0 is no variance: not checked (its
+    # Stein identity on the sampler's own metric still is), named in the attrs.
+    positive = np.isfinite(cov_diag) & (cov_diag > 0)
+    keep = np.flatnonzero(positive)
     out = check_draws(
-        positions, terms, cov_diag, names, passes_per_draw, temperature=temperature, ess=ess
+        positions[..., keep],
+        terms[..., keep],
+        cov_diag[keep],
+        [names[j] for j in keep],
+        passes_per_draw,
+        temperature=temperature,
+        ess=ess,
     )
+    if not positive.all():
+        out["not_positive"] = [names[j] for j in np.flatnonzero(~positive)]
     direction = np.asarray(info["direction"], dtype=np.float64)
     variance = float(info["direction_variance"]) * float(temperature)
     if positions.shape[1] >= 20 and variance > 0:
@@ -543,8 +556,11 @@ def check_marginal(
     draws = positions.reshape(-1, positions.shape[-1])
     if draws.shape[0] > 1:
         out["laplace_variance_ratio"] = {
-            name: round(float(v), 4)
-            for name, v in zip(names, draws.var(axis=0, ddof=1) / cov_diag, strict=True)
+            name: round(float(v / c), 4)
+            for name, v, c, ok in zip(
+                names, draws.var(axis=0, ddof=1), cov_diag, positive, strict=True
+            )
+            if ok
         }
     out["cg_iterations"] = info.get("cg_iterations")
     return out

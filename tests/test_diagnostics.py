@@ -140,3 +140,31 @@ def test_a_negative_stein_statistic_is_not_called_a_variance_ratio():
 
     assert _ratio_text(0.5) == "variance ratio 0.50"
     assert "below 0" in _ratio_text(-0.71) and "-0.71" in _ratio_text(-0.71)
+
+
+def test_a_global_whose_measured_curvature_is_indefinite_is_not_checked_on_it():
+    """A non-centred scale's joint curvature, measured at one point of its funnel, can be
+    indefinite there: [H⁻¹]_gg ≤ 0 is no variance. That global's marginal is left out (named
+    in the attrs) instead of read as NaN (numpy's "invalid value in sqrt" in the grid's
+    non-centred runs); the others are checked as before."""
+    import warnings as _warnings
+
+    from pymc_sgmcmc.diagnostics import check_marginal
+
+    rng = np.random.default_rng(1)
+    positions = rng.normal(size=(2, 400, 2))
+    info = {
+        "names": ["theta", "tau"],
+        "cov_diag": [1.0, -0.3],
+        "direction": [1.0, 0.0],
+        "direction_variance": 1.0,
+    }
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("error", RuntimeWarning)
+        out = check_marginal(
+            positions, -positions, [{"check": {"marginal": info}}] * 2, 1.0, ess=_bulk_ess
+        )
+    assert out["not_positive"] == ["tau"]
+    assert list(out["stein_ratio"]) == ["theta"] and abs(out["stein_ratio"]["theta"] - 1) < 0.2
+    assert list(out["laplace_variance_ratio"]) == ["theta"]
+    assert set(out["global_ess"]) == {"theta", "tau"}
