@@ -601,7 +601,7 @@ def _sg_pass(spec: dict) -> dict:
     }
 
 
-def floor_pass(n: int, b: int, grad_fn: Any, unroll: int = 1) -> Any:
+def floor_pass(n: int, b: int, grad_fn: Any) -> Any:
     """Jitted ``(key, θ, X_padded, y_padded) -> θ``: one pass of ``ceil(n/b)`` SGLD steps on
     contiguous slices, offsets and noise drawn once per pass before the scan (as the
     package's draw does), ``grad_fn(θ, X_batch, y_batch)`` the minibatch gradient."""
@@ -624,7 +624,7 @@ def floor_pass(n: int, b: int, grad_fn: Any, unroll: int = 1) -> Any:
             g = grad_fn(theta, xb, yb)
             return theta + 0.5 * STEP_SIZE * g + math.sqrt(STEP_SIZE) * z, None
 
-        theta, _ = jax.lax.scan(body, theta, (starts, noise), unroll=unroll)
+        theta, _ = jax.lax.scan(body, theta, (starts, noise))
         return jnp.asarray(theta)
 
     return one_pass
@@ -686,8 +686,7 @@ def _micro(spec: dict) -> dict:
         del X_np
         grad = jax.grad(tp.hand_logdensity(n, b))
         out["bare_loop"] = tp.time_bare_loop(Xp, yp, n, b, grad, repeats, calls)
-        unroll = 4 if b * Xp.shape[1] <= 20_000 else 1  # as the package's draw
-        one_pass = floor_pass(n, b, grad, unroll)
+        one_pass = floor_pass(n, b, grad)
         key, theta = jax.random.PRNGKey(0), jnp.zeros(Xp.shape[1])
         tp.warm_up(lambda: one_pass(key, theta, Xp, yp))
         out["floor_pass_prng"] = tp.best_time(lambda: one_pass(key, theta, Xp, yp), repeats, calls)

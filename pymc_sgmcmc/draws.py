@@ -72,7 +72,6 @@ class DrawPlan:
     thin: int
     scheme: str
     dim: int
-    unroll: int
     iteration: Callable
     kernel_step: Callable
     start_draw: Callable
@@ -314,7 +313,6 @@ def _draw(plan: DrawPlan, finish: Callable) -> Callable:
             body,
             (state, zeros, zeros),
             (indices, normals, row_ids, next_row_ids),
-            unroll=plan.unroll,
         )
         last_batch = take_minibatch(indices[-1], data, n, b, scheme)
         state, emitted, stats = finish(
@@ -359,7 +357,7 @@ def _draw_chunk(plan: DrawPlan) -> Callable:
             )
 
         (state, position_sum, grad_sum), (steps, norms) = jax.lax.scan(
-            body, (state, *sums), (batches, normals), unroll=plan.unroll
+            body, (state, *sums), (batches, normals)
         )
         return state, (position_sum, grad_sum), steps[-1], norms
 
@@ -407,7 +405,7 @@ def _draw_sharded(plan: DrawPlan, sharded: ShardedData, finish: Callable) -> Cal
 
         zeros = jnp.zeros_like(position)
         (state, position_sum, grad_sum), infos = jax.lax.scan(
-            body, (state, zeros, zeros), (indices, normals), unroll=plan.unroll
+            body, (state, zeros, zeros), (indices, normals)
         )
 
         def loss_fn(position):

@@ -217,8 +217,6 @@ class SAGALD(_VarianceReducedLD):
     """
 
     name = "sagald"
-    # Unrolled, XLA copies the (N, D) table every iteration again (86 vs 19 µs at N = 20 000).
-    _unroll_scan = False
 
     def _make_init(self, fns, kernel_init):
         import jax

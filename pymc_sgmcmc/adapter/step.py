@@ -87,7 +87,6 @@ SEARCH_ROWS = 4096  # else a block of at least this many rows
 # row would cost more than the sampling it tunes.
 TUNING_ALL_ROWS_WORK = 2**26
 SPARSE_ROWS = 64
-UNROLL_MAX_WORK = 20_000  # batch_size x dimension below which the draw's scan is unrolled
 DIVERGENCE_RETRIES = 6  # tuning draws redone at a halved step before giving up
 DIVERGENCE_SHRINK = 0.5
 
@@ -247,7 +246,6 @@ class SGMCMCStep(
 
     name: ClassVar[str] = "sgmcmc"
     default_blocked = True
-    _unroll_scan: ClassVar[bool] = True  # SAGA-LD: unrolling made XLA copy its table
     _streams: ClassVar[bool] = True  # can read out-of-core data= chunk by chunk
     stats_dtypes_shapes: ClassVar[dict[str, tuple[Any, Any]]] = {
         "tune": (bool, []),
@@ -656,12 +654,6 @@ class SGMCMCStep(
             )
         kernel_init, kernel_step = self._kernel()
 
-        # Small iterations are dominated by the loop's own overhead on CPU; unrolling the scan
-        # 4x cut it by ~30% at B = 100, D = 20. Large ones gain nothing and compile longer.
-        small = b * problem.dim <= UNROLL_MAX_WORK
-        # Not with local variables: their iteration is heavy, and unrolling multiplied the
-        # compile time of its ELBO gradient.
-        unroll = 4 if self._unroll_scan and thin >= 4 and small and self.hybrid is None else 1
         iteration = self._make_iteration(fns, kernel_step, data)
         init = self._make_init(fns, kernel_init)
         start_draw, mix_normals = self._start_draw, self._mix_normals
@@ -688,7 +680,6 @@ class SGMCMCStep(
             thin=thin,
             scheme=scheme,
             dim=problem.dim,
-            unroll=unroll,
             iteration=iteration,
             kernel_step=kernel_step,
             start_draw=start_draw,
