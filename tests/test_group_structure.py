@@ -230,29 +230,53 @@ def test_crossed_factors_need_the_same_block_size():
     assert isinstance(found, str) and "different numbers of coordinates" in found, found
 
 
-def test_nested_factors_in_the_rows_are_not_taken_for_crossed_ones():
+def test_nested_factors_put_the_outer_ones_effects_among_the_globals():
     """Counties within states, both effects on the rows (a non-centred county-in-state
-    model): the coupling of a state with its counties is not of low rank — refused, with the
-    reason."""
+    model): each county meets its state only, so the states' effects join the globals and the
+    counties are the blocks; the arrowhead passes ``verify`` against the model's
+    Hessian-vector products (in ``_find_structure``)."""
     group, x, y = data()
     state = np.arange(J) % 20  # 20 states of two counties each
     with pm.Model() as model:
         v = pm.Normal("v", 0, 1, shape=20)
         z = pm.Normal("z", 0, 1, shape=J)
         pm.Normal("y", v[state[group]] + 0.5 * z[group], 1.0, observed=y)
-    _, found = find(model)
-    assert isinstance(found, str) and "nested factors" in found and "z: 40" in found, found
+    step, found = find(model)
+    assert isinstance(found, GroupStructure), found
+    at = offsets(step)
+    np.testing.assert_array_equal(found.local_idx[:, 0], at["z"])
+    np.testing.assert_array_equal(found.global_idx, at["v"])
+    assert "v: 20 groups of 1 (outer, nested)" in found.description, found.description
 
 
-def test_a_county_in_state_prior_couples_groups_beyond_the_rows():
+def test_a_county_in_state_prior_puts_the_states_among_the_globals():
     group, x, y = data()
     state = np.arange(J) % 20  # 20 states of two counties each
     with pm.Model() as model:
         s = pm.Normal("s", 0, 1, shape=20)
         c = pm.Normal("c", s[state], 0.5, shape=J)
         pm.Normal("y", c[group], 1.0, observed=y)
+    step, found = find(model)
+    assert isinstance(found, GroupStructure), found
+    at = offsets(step)
+    np.testing.assert_array_equal(found.local_idx[:, 0], at["c"])
+    np.testing.assert_array_equal(found.global_idx, at["s"])
+    assert "s (in a prior only)" in found.description, found.description
+
+
+def test_a_level_above_the_groups_too_large_for_the_globals_is_refused():
+    """300 prior-level effects (more than PROMOTED_GLOBALS_MAX) would make the dense globals'
+    block too large: refused, with the reason."""
+    rng = np.random.default_rng(0)
+    groups, per = 600, 2
+    group = np.repeat(np.arange(groups), per)
+    state = np.arange(groups) % 300
+    with pm.Model() as model:
+        s = pm.Normal("s", 0, 1, shape=300)
+        c = pm.Normal("c", s[state], 0.5, shape=groups)
+        pm.Normal("y", c[group], 1.0, observed=rng.normal(size=groups * per))
     _, found = find(model)
-    assert isinstance(found, str) and "s does not enter" in found, found
+    assert isinstance(found, str) and "would make 300 globals" in found, found
 
 
 def test_a_zero_sum_effect_touches_every_coordinate_at_once():

@@ -38,6 +38,14 @@ rise as another's fall, which the likelihood does not see and only the priors bo
 chain moves along it at the pace of the priors' curvature, which IASG's relaxation check and
 the self-check on the globals' marginal measure (docs/hierarchical.md has the measurement).
 
+Levels above the groups (counties within states). A state effect that enters the rows beside
+the county effect (``v[state[county]] + z[county]``: nested factors, each county's rows in
+one state) or only the counties' prior (``c ~ Normal(s[state], τ)``) couples each county
+with its state alone. The states' effects join the globals, and each county's block again
+meets the globals only: the arrowhead is exact, with ``G`` grown by the number of states
+(at most :data:`PROMOTED_GLOBALS_MAX` globals in all; above that the reason is returned).
+:func:`verify` still checks it against the model's Hessian-vector products.
+
 Measuring it (:func:`probes`). ``G + F·k`` Hessian-vector products give all of it: one per
 global (its column: ``A_gg`` and the cross terms) and, for each factor, one per local slot
 ``s`` with ones on the factor's groups' coordinate in that slot (groups of one factor share
@@ -71,6 +79,10 @@ GROUP_LEVEL_MIN = 17
 globals are the variables of at most 16 coordinates)."""
 SLOTS_MAX = 16
 """At most this many coordinates per group and variable (an intercept and slopes)."""
+PROMOTED_GLOBALS_MAX = 256
+"""At most this many globals once an outer factor's effects (states above counties) or a
+level that only a prior ties to the rows have joined them: the globals' block is dense and
+measured by one Hessian-vector product each."""
 RATIO_TOLERANCE = 1e-6
 VERIFY_TOLERANCE = 1e-6
 LOW_RANK_FLOOR = 1e-6
@@ -517,6 +529,8 @@ def find_groups(
     # one entry per grouping factor: its rows' groups, its number of groups, the (J, slots)
     # coordinate arrays of its variables, their names
     factors: list[dict] = []
+    # group-level coordinates that join the globals: (label, coordinates)
+    promoted: list[tuple[str, np.ndarray]] = []
     for name, shape, offset in variables:
         size = int(np.prod(shape, dtype=int))
         coords = offset + np.arange(size).reshape(shape if shape else (1,))
@@ -529,9 +543,12 @@ def find_groups(
         if by_group.shape[1] > SLOTS_MAX:
             return f"{name} has {by_group.shape[1]} coordinates per group (at most {SLOTS_MAX})"
         rows_group = _rows_group(directional, dim, name, by_group)
+        label = f"{name}: {groups} groups of {by_group.shape[1]}"
+        if rows_group is None:  # a level above the groups, tied to them by a prior only
+            promoted.append((f"{name} (in a prior only)", coords.ravel()))
+            continue
         if isinstance(rows_group, str):
             return rows_group
-        label = f"{name}: {groups} groups of {by_group.shape[1]}"
         for factor in factors:
             both = (factor["rows"] >= 0) & (rows_group >= 0)
             if factor["groups"] == groups and np.all(factor["rows"][both] == rows_group[both]):
@@ -543,46 +560,62 @@ def find_groups(
             factors.append(
                 {"rows": rows_group, "groups": groups, "blocks": [by_group], "names": [label]}
             )
+    # Nested factors (counties in states, both on the rows): the outer factor's effects join
+    # the globals, so each inner group meets the globals only — an arrowhead again.
+    while len(factors) > 1:
+        pair = next(
+            ((i, o) for i in factors for o in factors if i is not o and _nested(i, o)), None
+        )
+        if pair is None:
+            break
+        outer = pair[1]
+        label = "; ".join(outer["names"])
+        promoted.append((f"{label} (outer, nested)", np.concatenate(outer["blocks"], axis=1)))
+        factors.remove(outer)
     if not factors:
         return "no variable has group-level coordinates"
+    if promoted:
+        for _, coords in promoted:
+            global_idx.extend(coords.ravel().tolist())
+        if len(global_idx) > PROMOTED_GLOBALS_MAX:
+            names = ", ".join(label for label, _ in promoted)
+            return (
+                f"{names} would make {len(global_idx)} globals (at most "
+                f"{PROMOTED_GLOBALS_MAX}, a dense block): a level above the groups too large "
+                "to be among the globals, and a tree of blocks is not built yet"
+            )
     blocks = [np.concatenate(f["blocks"], axis=1).astype(np.int64) for f in factors]
     description = " × ".join("; ".join(f["names"]) for f in factors)
+    if promoted:
+        description += ", with " + ", ".join(label for label, _ in promoted) + " among the globals"
+    global_array = np.asarray(sorted(global_idx), dtype=np.int64)
     if len(factors) == 1:
-        return GroupStructure(np.asarray(global_idx, dtype=np.int64), blocks[0], description)
+        return GroupStructure(global_array, blocks[0], description)
     if len({b.shape[1] for b in blocks}) > 1:
         return f"crossed factors ({description}) with different numbers of coordinates per group"
-    for f, first in enumerate(factors):
-        for second in factors[f + 1 :]:
-            inner = _nested(first, second) or _nested(second, first)
-            if inner:
-                return (
-                    f"{inner} (nested factors: their coupling is not of low rank, and a "
-                    "tree of blocks is not built yet)"
-                )
     return GroupStructure(
-        np.asarray(global_idx, dtype=np.int64),
+        global_array,
         np.concatenate(blocks, axis=0),
         description + " (crossed: the couplings between the factors are left out)",
         np.repeat(np.arange(len(blocks)), [b.shape[0] for b in blocks]),
     )
 
 
-def _nested(inner: dict, outer: dict) -> str | None:
-    """Why ``inner``'s groups lie each within one group of ``outer`` (counties in states:
-    every row of a county in the same state), or None where they do not."""
+def _nested(inner: dict, outer: dict) -> bool:
+    """Whether ``inner``'s groups lie each within one group of ``outer`` (counties in states:
+    every row of a county in the same state)."""
     both = (inner["rows"] >= 0) & (outer["rows"] >= 0)
     pairs = np.unique(inner["rows"][both] * outer["groups"] + outer["rows"][both])
     per_group = np.bincount(pairs // outer["groups"], minlength=inner["groups"])
-    if per_group.size and per_group.max() <= 1 and inner["groups"] > outer["groups"]:
-        return f"the groups of {inner['names'][0]} lie within those of {outer['names'][0]}"
-    return None
+    return bool(per_group.size and per_group.max() <= 1 and inner["groups"] > outer["groups"])
 
 
 def _rows_group(
     directional: Callable[[np.ndarray], np.ndarray], dim: int, name: str, by_group: np.ndarray
-) -> np.ndarray | str:
-    """``(N,)``: the group of ``by_group``'s variable each row touches (−1: none), or why the
-    rows do not each touch one group."""
+) -> np.ndarray | str | None:
+    """``(N,)``: the group of ``by_group``'s variable each row touches (−1: none), why the
+    rows do not each touch one group, or None where no row touches the variable (a level
+    that only a prior ties to the rows)."""
     groups = by_group.shape[0]
     rows_group = None
     for s in range(by_group.shape[1]):
@@ -618,7 +651,7 @@ def _rows_group(
             rows_group = np.where(rows_group >= 0, rows_group, slot_rows)
     assert rows_group is not None
     if not np.any(rows_group >= 0):
-        return f"{name} does not enter the rows' likelihood"
+        return None
     return rows_group
 
 
