@@ -230,38 +230,36 @@ def test_crossed_factors_need_the_same_block_size():
     assert isinstance(found, str) and "different numbers of coordinates" in found, found
 
 
-def test_nested_factors_put_the_outer_ones_effects_among_the_globals():
-    """Counties within states, both effects on the rows (a non-centred county-in-state
-    model): each county meets its state only, so the states' effects join the globals and the
-    counties are the blocks; the arrowhead passes ``verify`` against the model's
-    Hessian-vector products (in ``_find_structure``)."""
-    group, x, y = data()
-    state = np.arange(J) % 20  # 20 states of two counties each
-    with pm.Model() as model:
-        v = pm.Normal("v", 0, 1, shape=20)
-        z = pm.Normal("z", 0, 1, shape=J)
-        pm.Normal("y", v[state[group]] + 0.5 * z[group], 1.0, observed=y)
-    step, found = find(model)
-    assert isinstance(found, GroupStructure), found
-    at = offsets(step)
-    np.testing.assert_array_equal(found.local_idx[:, 0], at["z"])
-    np.testing.assert_array_equal(found.global_idx, at["v"])
-    assert "v: 20 groups of 1 (outer, nested)" in found.description, found.description
-
-
-def test_a_county_in_state_prior_puts_the_states_among_the_globals():
+def counties_in_states(where):
+    """40 counties in 20 states: the states' effects on the rows beside the counties'
+    (``"rows"``: nested factors) or only in the counties' prior (``"prior"``)."""
     group, x, y = data()
     state = np.arange(J) % 20  # 20 states of two counties each
     with pm.Model() as model:
         s = pm.Normal("s", 0, 1, shape=20)
-        c = pm.Normal("c", s[state], 0.5, shape=J)
-        pm.Normal("y", c[group], 1.0, observed=y)
-    step, found = find(model)
+        if where == "rows":
+            c = pm.Normal("c", 0, 1, shape=J)
+            pm.Normal("y", s[state[group]] + 0.5 * c[group], 1.0, observed=y)
+        else:
+            c = pm.Normal("c", s[state], 0.5, shape=J)
+            pm.Normal("y", c[group], 1.0, observed=y)
+    return model
+
+
+@pytest.mark.parametrize(
+    "where, label",
+    [("rows", "s: 20 groups of 1 (outer, nested)"), ("prior", "s (in a prior only)")],
+)
+def test_counties_in_states_put_the_states_among_the_globals(where, label):
+    """Each county meets its own state only, so the states' effects join the globals and the
+    counties are the blocks; the arrowhead passes ``verify`` against the model's
+    Hessian-vector products (in ``_find_structure``)."""
+    step, found = find(counties_in_states(where))
     assert isinstance(found, GroupStructure), found
     at = offsets(step)
     np.testing.assert_array_equal(found.local_idx[:, 0], at["c"])
     np.testing.assert_array_equal(found.global_idx, at["s"])
-    assert "s (in a prior only)" in found.description, found.description
+    assert label in found.description, found.description
 
 
 def test_a_level_above_the_groups_too_large_for_the_globals_is_refused():
