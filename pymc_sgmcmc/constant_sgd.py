@@ -193,14 +193,20 @@ class ConstantSGD(_PreconditionedSGD):
 
     def _rates(self, noise_z: np.ndarray, cap: float, whitening: Any) -> Rates:
         # All the noise the minibatch can give (share 1): the largest step whose gradient
-        # noise fits the budget, the rest injected (pymc_sgmcmc.tuning.rates). Above
-        # DENSE_MAX_DIM only the noise's diagonal is measured: its correlations (strong in a
-        # softmax's classes) then go uncorrected, so the minibatch may give only a quarter of
-        # the noise (the draws' variances then err by at most a quarter of that mismatch): on
+        # noise fits the budget, the rest injected (pymc_sgmcmc.tuning.rates) — with a dense
+        # whitening, or a structured one whose injection is exact (nested groups:
+        # StructuredWhitening.injection_factor). Under a diagonal whitening (or crossed
+        # factors) only the noise's diagonal is corrected: its correlations (strong in a
+        # softmax's classes) then stay, so the minibatch may give only a quarter of the
+        # noise (the draws' variances then err by at most a quarter of that mismatch): on
         # 600 group effects coupled to a global by an uncentred predictor (noise correlation
         # 0.93 per row), share 1 gave the global 0.39x its sd, a quarter 0.88x
         # (tests/test_large_dim.py).
-        share = 1.0 if noise_z.ndim == 2 else LANGEVIN_NOISE_SHARE
+        share = (
+            1.0
+            if noise_z.ndim == 2 or getattr(whitening, "injects_exactly", False)
+            else LANGEVIN_NOISE_SHARE
+        )
         return langevin_rule(
             noise_z,
             noise_share=share,

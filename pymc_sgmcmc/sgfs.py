@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from pymc_sgmcmc.constant_sgd import ConstantSGD
-from pymc_sgmcmc.kernels.preconditioning import is_operator
+from pymc_sgmcmc.kernels.preconditioning import ArrowheadInjection, is_operator
 from pymc_sgmcmc.tuning.rates import Rates
 
 __all__ = ["SGFS", "sgfs_noise_floor"]
@@ -220,6 +220,10 @@ class SGFS(ConstantSGD):
         :math:`EE^\top = H^{-1} R R^\top H^{-1}` (the step adds :math:`H e = R\xi`):
         ``(D,)`` (its diagonal, for ``"diagonal"`` and a structured whitening) or ``(D, D)``."""
         tuned = self.tuned
+        if isinstance(self.inject_value, ArrowheadInjection) and tuned is not None:
+            # R = P K^½ diag(w) (the exact injection): P⁻¹R = K^½ diag(w)
+            factor = self.inject_value
+            return factor.root.gram_diagonal(np.asarray(factor.weights, dtype=np.float64) ** 2)
         if is_operator(self.inject_value) and tuned is not None:
             # P = C⁻ᵀ diag(q) C⁻¹ and R = C⁻ᵀ diag(r): P⁻¹R = C diag(r/q), so EEᵀ is
             # C diag(r²/q²) Cᵀ

@@ -244,9 +244,13 @@ class SGHMC(_PreconditionedSGD):
         self._make_tuner(self.search_draws)
 
     def _rates(self, noise_z: np.ndarray, cap: float, whitening: Any) -> Rates:
-        # As ConstantSGD: all the noise the minibatch gives when it is measured whole (dense),
-        # a quarter of it when only its diagonal is (its correlations then go uncorrected).
-        share = 1.0 if noise_z.ndim == 2 else LANGEVIN_NOISE_SHARE
+        # As ConstantSGD: all the noise the minibatch gives when the injection corrects it
+        # whole (dense, or nested groups), a quarter of it when only its diagonal is.
+        share = (
+            1.0
+            if noise_z.ndim == 2 or getattr(whitening, "injects_exactly", False)
+            else LANGEVIN_NOISE_SHARE
+        )
         rates, friction = sghmc_rule(
             noise_z,
             step_cap=min(cap, CONSTANT_SGD_STEP_CAP),

@@ -326,3 +326,59 @@ def crossed_layout(g: int, js: int, jd: int) -> GroupStructure:
     return GroupStructure(
         np.arange(g), np.arange(g, dim)[:, None], "s × d", np.repeat([0, 1], [js, jd])
     )
+
+
+def test_the_injected_noise_completes_the_minibatch_noise_beyond_its_diagonal():
+    """``StructuredWhitening.injection_factor``: on a nested arrowhead (two globals, 40 groups
+    of two coordinates) whose gradient noise is correlated across the whitened coordinates,
+    the injected noise ``F Fᵀ`` is ``L (diag(budgets) − P_z S P_z) Lᵀ`` with ``S = Lᵀ N L``
+    whole, so the chain's stationary covariance (the discrete Lyapunov equation of
+    ``z' = (I − P_z) z − P_z ξ_S + ξ_Q``) is ``A⁻¹`` exactly; the diagonal injection
+    (``diag(Q)``) is not, on the globals."""
+    import jax
+    from scipy.linalg import solve_discrete_lyapunov
+
+    from pymc_sgmcmc.tuning.rates import langevin_rule
+    from pymc_sgmcmc.tuning.structure import StructuredWhitening
+
+    rng = np.random.default_rng(5)
+    g, j, k = 2, 40, 2
+    dim = g + j * k
+    structure = GroupStructure(np.arange(g), np.arange(g, dim).reshape(j, k), "group")
+    group = rng.integers(j, size=400)
+    design = np.zeros((group.size, dim))
+    design[:, :g] = rng.normal(3.0, 1.0, (group.size, g))  # uncentred: globals ~ groups
+    for slot in range(k):
+        design[np.arange(group.size), g + group * k + slot] = rng.normal(1.0, 1.0, group.size)
+    residual = rng.normal(size=group.size)
+    # a hierarchical prior, u_j0 ~ N(θ_0, 0.5): curvature without noise, coupling θ_0 to
+    # every group
+    tie = np.zeros((j, dim))
+    tie[np.arange(j), g + np.arange(j) * k] = 1.0
+    tie[:, 0] = -1.0
+    prior = tie.T @ tie / 0.25 + np.eye(dim)
+    curvature = structure.curvature_from_products(structure.probes() @ (design.T @ design + prior))
+    grads = design * residual[:, None]
+    noise = structure.curvature_from_products(structure.probes() @ (grads.T @ grads)) * 20.0
+    whitening = StructuredWhitening.from_curvature(curvature)
+    rates = langevin_rule(whitening.to_whitened(noise), noise_share=0.25, step_cap=0.25)
+    factor, excess = whitening.injection_factor(rates.steps, rates.budgets, noise)
+    assert excess < 1.0
+    with jax.enable_x64(True):
+        f = np.asarray(factor.apply(np.eye(dim))).T  # columns F e_i
+        ell = np.asarray(whitening.operator().solve_transpose(np.eye(dim))).T  # L = C⁻ᵀ
+    noise_dense = np.stack([noise.matvec(e) for e in np.eye(dim)], axis=1)
+    s_z = ell.T @ noise_dense @ ell
+    p_z = np.diag(rates.steps)
+    q_z = np.diag(rates.budgets) - p_z @ s_z @ p_z
+    want = ell @ q_z @ ell.T
+    np.testing.assert_allclose(f @ f.T, want, atol=1e-9 * np.abs(want).max())
+    dense_a = np.stack([curvature.matvec(e) for e in np.eye(dim)], axis=1)
+    target = np.diag(np.linalg.inv(dense_a))
+    for q, exact in ((q_z, True), (np.diag(rates.injected), False)):
+        sigma = solve_discrete_lyapunov(np.eye(dim) - p_z, q + p_z @ s_z @ p_z)
+        ratio = np.sqrt(np.diag(ell @ sigma @ ell.T) / target)
+        if exact:
+            np.testing.assert_allclose(ratio, 1.0, atol=1e-8)
+        else:
+            assert ratio[0] < 0.99, ratio[:g]  # the global tied to every group: 0.98

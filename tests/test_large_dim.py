@@ -161,14 +161,19 @@ def build_counties_in_states():
     return model, reference
 
 
-def test_counties_in_states_get_the_states_among_the_globals_and_the_posterior():
+@pytest.mark.parametrize("sampler", ["ConstantSGD", "IASG"])
+def test_counties_in_states_get_the_states_among_the_globals_and_the_posterior(sampler):
     """The states' effects, tied to the rows only through the counties' prior, join the
     globals of the arrowhead (pymc_sgmcmc.tuning.structure: exact for this Gaussian); every
     one of the 632 means and sds within tolerance, and theta and b (coupled to every county:
-    x uncentred) mix."""
+    x uncentred) mix. The minibatch's noise is correlated across the whitened coordinates
+    (theta sees every county's through the whitening's cross terms): the injected noise
+    completes it whole (StructuredWhitening.injection_factor) — with its diagonal only,
+    theta's sd was 0.88x (ConstantSGD) and 0.91x (IASG), within the verdict's allowance and
+    silent; now 1.01x and 1.00x."""
     model, reference = build_counties_in_states()
     with model:
-        step = pmsg.ConstantSGD()
+        step = getattr(pmsg, sampler)()
         idata = pmsg.sample(
             step=step,
             draws=1000,
@@ -182,8 +187,15 @@ def test_counties_in_states_get_the_states_among_the_globals_and_the_posterior()
     entry = (settings[0] if isinstance(settings, list) else settings)["chains"][0]
     assert entry["whitening"] == "structured", entry
     assert "s (in a prior only)" in entry["structure"], entry["structure"]
+    assert entry["noise_over_budget"] <= 1.0, entry  # the exact injection is in force
     scored = score(idata, reference)
-    result = verdict("ConstantSGD", scored)
+    result = verdict(sampler, scored)
     ess = az.ess(dataset(idata)[["theta", "b"]])
     assert min(float(ess["theta"]), float(ess["b"])) >= 200, ess
     assert result["pass"], (result["worst"], scored["mc_dmean"], scored["mc_sd_ratio"])
+    # theta's sd, the quantity the diagonal injection got wrong: exact on this Gaussian up to
+    # the tuning's measurements (3%) and three Monte Carlo sds of an sd ratio (its ESS and the
+    # reference's 8 000 draws) — 0.08 at ESS 1 900, which 0.88x and 0.91x were outside
+    ratio = float(dataset(idata)["theta"].std()) / float(reference["theta"].std())
+    allowance = 3.0 * np.sqrt(1.0 / (2.0 * float(ess["theta"])) + 1.0 / (2.0 * 8000))
+    assert abs(ratio - 1.0) <= 0.03 + allowance, (ratio, allowance)

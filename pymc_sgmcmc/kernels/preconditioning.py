@@ -15,7 +15,9 @@ with :math:`C_u` block diagonal (``J`` lower-triangular ``k × k`` blocks), :mat
 complement onto the globals): no fill-in, and a product or solve costs
 :math:`O(Jk^2 + JkG + G^2)`. :class:`ArrowheadMetric` (``C^{-T} diag(w) C^{-1}``: the
 preconditioner ``P`` and ``A^{-1}``), :class:`ArrowheadFactor` (``C^{-T} diag(w)``: the noise
-factor ``R``) and :class:`ArrowheadPrecision` (``C diag(w) C^T``: ``A`` and ``P^{-1}``) are
+factor ``R`` of noise diagonal in the whitened coordinates), :class:`ArrowheadInjection`
+(``P K^{1/2}``: the injected noise ``L Q L^T`` whose whitened covariance ``Q`` is not
+diagonal) and :class:`ArrowheadPrecision` (``C diag(w) C^T``: ``A`` and ``P^{-1}``) are
 pytrees, so they pass through ``jax.jit`` and ``lax.scan`` as any parameter does.
 """
 
@@ -30,6 +32,7 @@ import numpy as np
 __all__ = [
     "ArrowheadCholesky",
     "ArrowheadFactor",
+    "ArrowheadInjection",
     "ArrowheadMetric",
     "ArrowheadPrecision",
     "apply_preconditioner",
@@ -224,6 +227,41 @@ class ArrowheadFactor(NamedTuple):
         return ArrowheadFactor(self.chol.astype(dtype), np.asarray(self.weights, dtype))
 
 
+class ArrowheadInjection(NamedTuple):
+    """``v ↦ P R (w ⊙ v)``: the θ-space factor of the injected noise ``L Q Lᵀ = P K P`` with
+    ``Q = diag(budgets) − P_z S P_z`` — not diagonal in the whitened coordinates, because the
+    minibatch's noise ``S`` is not (``P = L P_z Lᵀ`` the preconditioner, ``metric``, and
+    ``K = R Rᵀ = P⁻¹ L diag(budgets) Lᵀ P⁻¹ − N`` with ``N`` the gradient noise in θ units: a
+    block arrowhead, ``root`` its Cholesky factor;
+    :meth:`pymc_sgmcmc.tuning.structure.StructuredWhitening.injection_factor`)."""
+
+    metric: ArrowheadMetric
+    root: ArrowheadCholesky
+    weights: jax.Array
+
+    def apply(self, v):
+        return self.metric.apply(self.root.multiply(self.weights * v))
+
+    def apply_transpose(self, v):
+        """``diag(w) Rᵀ P v``."""
+        return self.weights * self.root.multiply_transpose(self.metric.apply(v))
+
+    def scaled(self, factor) -> ArrowheadInjection:
+        return self._replace(weights=self.weights * factor)
+
+    def __mul__(
+        self, factor
+    ) -> ArrowheadInjection:  # a scalar times the operator (not tuple repetition)
+        return self.scaled(factor)
+
+    __rmul__ = __mul__
+
+    def astype(self, dtype) -> ArrowheadInjection:
+        return ArrowheadInjection(
+            self.metric.astype(dtype), self.root.astype(dtype), np.asarray(self.weights, dtype)
+        )
+
+
 class ArrowheadPrecision(NamedTuple):
     """``v ↦ C (w ⊙ Cᵀ v)``: ``A`` with unit weights, the inverse of an
     :class:`ArrowheadMetric` with inverse weights."""
@@ -248,7 +286,7 @@ class ArrowheadPrecision(NamedTuple):
         return ArrowheadPrecision(self.chol.astype(dtype), np.asarray(self.weights, dtype))
 
 
-OPERATORS = (ArrowheadMetric, ArrowheadFactor, ArrowheadPrecision)
+OPERATORS = (ArrowheadMetric, ArrowheadFactor, ArrowheadInjection, ArrowheadPrecision)
 
 
 def is_operator(value) -> bool:

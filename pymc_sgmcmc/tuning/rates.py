@@ -82,6 +82,11 @@ class Rates(NamedTuple):
     """``max(1, h² s / budget)`` over the directions: above 1, the gradient noise alone
     exceeds what the target allows and the draws are too wide along it by about this factor
     (only where a step cannot shrink, e.g. a fixed user step)."""
+    budgets: np.ndarray | None = None
+    """``(D,)`` each direction's whole noise budget (gradient noise plus injected), or None
+    (a user's step, the search). With it the injected noise can be the exact
+    ``Q = diag(budgets) − P S P`` where ``S`` is known beyond its diagonal
+    (:meth:`pymc_sgmcmc.tuning.structure.StructuredWhitening.injection_factor`)."""
 
     def preconditioner(self) -> np.ndarray:
         """``P_z``: ``(D, D)``, or ``(D,)`` along the coordinates."""
@@ -241,6 +246,7 @@ def _rates(
         injected,
         float(share.max(initial=0.0)),
         float(max(1.0, share.max(initial=0.0))),
+        budgets,
     )
 
 

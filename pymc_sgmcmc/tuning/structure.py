@@ -58,10 +58,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
 
 from pymc_sgmcmc.kernels.preconditioning import (
     ArrowheadCholesky,
     ArrowheadFactor,
+    ArrowheadInjection,
     ArrowheadMetric,
     ArrowheadPrecision,
 )
@@ -296,6 +298,14 @@ def _clip(matrix: np.ndarray, floor: float) -> np.ndarray:
     return (v * w[..., None, :]) @ np.swapaxes(v, -1, -2)
 
 
+def _floor(matrix: np.ndarray, floor: float) -> np.ndarray:
+    """Symmetric eigenvalues floored at ``floor`` (a covariance: not mirrored as
+    :func:`_clip` does for a curvature), batched over leading axes."""
+    w, v = np.linalg.eigh(0.5 * (matrix + np.swapaxes(matrix, -1, -2)))
+    w = np.maximum(w, floor)
+    return (v * w[..., None, :]) @ np.swapaxes(v, -1, -2)
+
+
 @dataclass(frozen=True)
 class StructuredWhitening:
     """``θ = c + L z`` with ``L = C⁻ᵀ``, ``C Cᵀ = A`` a block-arrowhead curvature: the
@@ -397,6 +407,13 @@ class StructuredWhitening:
         out[s.global_idx] = x_g
         return out
 
+    @property
+    def injects_exactly(self) -> bool:
+        """Whether :meth:`injection_factor` applies (nested groups; not crossed factors): the
+        rules may then give the minibatch's noise its whole budget, as with a dense
+        whitening."""
+        return not self.low_v.shape[1]
+
     # -- the Whitening interface -------------------------------------------------------------
     @property
     def dim(self) -> int:
@@ -496,6 +513,86 @@ class StructuredWhitening:
         if q.ndim != 1:
             raise ValueError("a structured whitening takes diagonal rates only")
         return ArrowheadFactor(self.operator(), np.sqrt(np.maximum(q, 0.0)))
+
+    def injection_factor(
+        self, steps: np.ndarray, budgets: np.ndarray, noise: StructuredCurvature
+    ) -> tuple[ArrowheadInjection, int] | None:
+        """The injected noise that makes the stationary covariance ``A⁻¹`` exactly (on a
+        Gaussian), for the steps ``P_z = diag(steps)`` along the whitened coordinates:
+        ``Q = diag(budgets) − P_z S P_z`` with the whitened gradient noise ``S = Lᵀ N L``
+        whole. The rules see only ``diag(S)`` (:meth:`to_whitened`), and injecting
+        ``diag(Q)`` leaves ``S``'s off-diagonal terms in the chain: a global coupled to every
+        group (counties' means through their state's and a national one) sees the groups'
+        noise through the whitening's cross terms, correlated between its coordinates, and
+        the national mean's sd came out 0.88x (0.90x predicted by the Lyapunov equation of
+        the chain, tests/test_large_dim.py's counties in states at B = 256).
+
+        In θ units ``L Q Lᵀ = P K P`` with ``P = L P_z Lᵀ`` (the preconditioner) and
+        ``K = C D Cᵀ − N``, ``D = diag(budgets / steps²)``: both terms are block
+        arrowheads, so ``K``'s Cholesky factor is one too (one more factorisation per
+        tuning). The rules keep each coordinate's gradient noise within its budget, but
+        along a combination of coordinates it may exceed it (``K`` then has a negative
+        eigenvalue): ``ρ = λmax(D^-½ C⁻¹ N C⁻ᵀ D^-½)`` (Lanczos on the operators) measures
+        by how much, and above 1 the noise subtracted is ``N/ρ`` — every direction then gets
+        at least its budget, too much by at most the factor ``ρ`` of its gradient noise's
+        share (flooring ``K``'s eigenvalues instead would blow up the factor's cross terms).
+        Returns ``(factor, ρ)``, or None with crossed factors (their couplings are low rank:
+        the diagonal injection stays)."""
+        s = self.structure
+        if self.low_v.shape[1] or noise.low_rank()[0].shape[1]:
+            return None
+        h = np.asarray(steps, dtype=np.float64)
+        d = np.asarray(budgets, dtype=np.float64) / np.maximum(h * h, 1e-300)
+        du, dg = d[s.local_idx], d[s.global_idx]
+        cu, cx, cg = self.chol_u, self.cross, self.chol_g
+        excess = self._noise_over_budget(d, noise)
+        shown = 1.0 / max(excess, 1.0)
+        k_uu = np.einsum("jab,jb,jcb->jac", cu, du, cu) - shown * noise.uu
+        k_ug = np.einsum("jab,jb,jgb->jag", cu, du, cx) - shown * noise.ug
+        k_gg = np.einsum("jab,jb,jcb->ac", cx, du, cx) + (cg * dg) @ cg.T - shown * noise.gg
+        top = max(
+            float(np.max(np.abs(np.linalg.eigvalsh(k_uu)), initial=0.0)),
+            float(np.max(np.abs(np.diag(k_gg)), initial=0.0)),
+            1e-300,
+        )
+        # positive by construction; the floor catches rounding where the noise fills a budget
+        chol_u = np.linalg.cholesky(_floor(k_uu, 1e-12 * top))
+        x = np.linalg.solve(chol_u, k_ug)  # (J, k, G)
+        schur = _floor(k_gg - np.einsum("jkg,jkh->gh", x, x), 1e-12 * top)
+        root = ArrowheadCholesky(
+            s.global_idx,
+            s.local_idx,
+            chol_u,
+            np.swapaxes(x, 1, 2),
+            np.linalg.cholesky(schur),
+            np.zeros((s.dim, 0)),
+            np.zeros((0, 0)),
+            np.zeros((0, 0)),
+        )
+        metric = ArrowheadMetric(self.operator(), h)
+        return ArrowheadInjection(metric, root, np.ones(s.dim)), excess
+
+    def _noise_over_budget(self, d: np.ndarray, noise: StructuredCurvature) -> float:
+        """``λmax(D^-½ C⁻¹ N C⁻ᵀ D^-½)``: the largest ratio of the gradient noise to the
+        budget (``D = diag(budgets / steps²)``) over every direction of the whitened
+        coordinates, by Lanczos (a few dozen products, each ``O(Jk² + JkG + G²)``)."""
+        if not any(np.any(part) for part in noise._parts()):
+            return 0.0  # no gradient noise (a full batch; SAGA's estimator at its anchor)
+        root = 1.0 / np.sqrt(d)
+
+        def product(v):
+            w = self._solve_transpose((root * np.ravel(v))[:, None])[:, 0]
+            return root * self._solve(noise.matvec(w)[:, None])[:, 0]
+
+        op = LinearOperator((self.dim, self.dim), matvec=product, dtype=np.float64)
+        start = np.ones(self.dim)  # deterministic: the same run gives the same injection
+        try:
+            values = eigsh(op, k=1, which="LA", tol=1e-4, v0=start, return_eigenvectors=False)
+        except ArpackNoConvergence as stopped:
+            values = stopped.eigenvalues
+            if not len(values):
+                raise
+        return float(values[0])
 
     def covariance(self) -> ArrowheadMetric:
         """``A⁻¹`` as an operator."""

@@ -43,6 +43,9 @@ MEASURE_EVERY_FIRST = 8
 MEASURE_GROWTH = 1.25
 """Then a draw is measured when its index has grown by this factor since the last one."""
 SEARCH_STEP = 0.5
+EXACT_INJECTION_ATTEMPTS = 4
+"""How many times the rule is asked again with its noise inflated until the gradient noise
+fits the budgets along every direction (structured whitening; ``Tuner._retuned``)."""
 
 
 @dataclass(frozen=True)
@@ -245,9 +248,27 @@ class Tuner:
         else:
             rates = self.rule(self._noise_z, cap=cap, whitening=tuned.whitening)
         whitening = tuned.whitening
-        precond = whitening.metric_from_whitened(rates.preconditioner())
-        factor = whitening.position_noise_factor(rates.injected)
         report = dict(tuned.report)
+        factor = None
+        if rates.budgets is not None and isinstance(self._last_noise, StructuredCurvature):
+            # The minibatch's noise is known beyond its whitened diagonal: the rest of each
+            # budget is injected exactly (StructuredWhitening.injection_factor). The rule saw
+            # the diagonal only; where the noise exceeds the budgets along a combination of
+            # coordinates (by ρ) the rule is asked again as if the noise were ρ times larger.
+            inflation = 1.0
+            for attempt in range(EXACT_INJECTION_ATTEMPTS):
+                exact = whitening.injection_factor(rates.steps, rates.budgets, self._last_noise)
+                if exact is None:
+                    break
+                factor, excess = exact
+                report["noise_over_budget"] = excess
+                if excess <= 1.0 or attempt == EXACT_INJECTION_ATTEMPTS - 1:
+                    break
+                inflation *= 1.02 * excess
+                rates = self.rule(self._noise_z * inflation, cap=cap, whitening=whitening)
+        if factor is None:
+            factor = whitening.position_noise_factor(rates.injected)
+        precond = whitening.metric_from_whitened(rates.preconditioner())
         report["overdispersion"] = rates.overdispersion
         report["noise_share"] = rates.noise_share
         return Tuned(whitening, rates, precond, factor, tuned.searching, report)
