@@ -574,10 +574,12 @@ class StructuredWhitening:
         at least its budget, too much by at most the factor ``ρ`` of its gradient noise's
         share (flooring ``K``'s eigenvalues instead would blow up the factor's cross terms).
         Returns ``(factor, ρ)``, or None with crossed factors (their couplings are low rank:
-        the diagonal injection stays)."""
+        the diagonal injection stays) or no gradient noise (it is then exact)."""
         s = self.structure
         if self.low_v.shape[1] or noise.low_rank()[0].shape[1]:
             return None
+        if not any(np.any(part) for part in noise._parts()):
+            return None  # no gradient noise (a full batch): the diagonal injection is exact
         h = np.asarray(steps, dtype=np.float64)
         d = np.asarray(budgets, dtype=np.float64) / np.maximum(h * h, 1e-300)
         du, dg = d[s.local_idx], d[s.global_idx]
@@ -613,8 +615,6 @@ class StructuredWhitening:
         """``λmax(D^-½ C⁻¹ N C⁻ᵀ D^-½)``: the largest ratio of the gradient noise to the
         budget (``D = diag(budgets / steps²)``) over every direction of the whitened
         coordinates, by Lanczos (:func:`_largest_eigenvalue`; products ``O(Jk² + JkG + G²)``)."""
-        if not any(np.any(part) for part in noise._parts()):
-            return 0.0  # no gradient noise (a full batch; SAGA's estimator at its anchor)
         s = self.structure
         root = 1.0 / np.sqrt(d)
         inv_u, z, inv_g = self._inverse_parts()  # C⁻¹'s parts, once
