@@ -291,11 +291,13 @@ class StructuredCurvature:
         return out + u @ (s @ (u.T @ v))
 
 
-def _clip(matrix: np.ndarray, floor: float) -> np.ndarray:
+def _clip(matrix: np.ndarray, floor: float, mirror: bool = True) -> np.ndarray:
     """Symmetric eigenvalues in absolute value and floored (the saddle-free choice of
-    :class:`~pymc_sgmcmc.tuning.whitening.Whitening`), batched over leading axes."""
+    :class:`~pymc_sgmcmc.tuning.whitening.Whitening`), batched over leading axes; with
+    ``mirror=False`` only floored (a covariance: a negative eigenvalue is where nothing can be
+    added)."""
     w, v = np.linalg.eigh(0.5 * (matrix + np.swapaxes(matrix, -1, -2)))
-    w = np.maximum(np.abs(w), floor)
+    w = np.maximum(np.abs(w) if mirror else w, floor)
     return (v * w[..., None, :]) @ np.swapaxes(v, -1, -2)
 
 
@@ -333,14 +335,6 @@ def _top_ritz_value(alpha: list, beta: list) -> float:
     m = len(alpha)
     tridiagonal = np.diag(alpha) + np.diag(beta[: m - 1], 1) + np.diag(beta[: m - 1], -1)
     return float(np.linalg.eigvalsh(tridiagonal)[-1])
-
-
-def _floor(matrix: np.ndarray, floor: float) -> np.ndarray:
-    """Symmetric eigenvalues floored at ``floor`` (a covariance: not mirrored as
-    :func:`_clip` does for a curvature), batched over leading axes."""
-    w, v = np.linalg.eigh(0.5 * (matrix + np.swapaxes(matrix, -1, -2)))
-    w = np.maximum(w, floor)
-    return (v * w[..., None, :]) @ np.swapaxes(v, -1, -2)
 
 
 @dataclass(frozen=True)
@@ -553,7 +547,7 @@ class StructuredWhitening:
 
     def injection_factor(
         self, steps: np.ndarray, budgets: np.ndarray, noise: StructuredCurvature
-    ) -> tuple[ArrowheadInjection, int] | None:
+    ) -> tuple[ArrowheadInjection, float] | None:
         """The injected noise that makes the stationary covariance ``A⁻¹`` exactly (on a
         Gaussian), for the steps ``P_z = diag(steps)`` along the whitened coordinates:
         ``Q = diag(budgets) − P_z S P_z`` with the whitened gradient noise ``S = Lᵀ N L``
@@ -595,9 +589,9 @@ class StructuredWhitening:
             1e-300,
         )
         # positive by construction; the floor catches rounding where the noise fills a budget
-        chol_u = np.linalg.cholesky(_floor(k_uu, 1e-12 * top))
+        chol_u = np.linalg.cholesky(_clip(k_uu, 1e-12 * top, mirror=False))
         x = np.linalg.solve(chol_u, k_ug)  # (J, k, G)
-        schur = _floor(k_gg - np.einsum("jkg,jkh->gh", x, x), 1e-12 * top)
+        schur = _clip(k_gg - np.einsum("jkg,jkh->gh", x, x), 1e-12 * top, mirror=False)
         root = ArrowheadCholesky(
             s.global_idx,
             s.local_idx,
@@ -615,22 +609,11 @@ class StructuredWhitening:
         """``λmax(D^-½ C⁻¹ N C⁻ᵀ D^-½)``: the largest ratio of the gradient noise to the
         budget (``D = diag(budgets / steps²)``) over every direction of the whitened
         coordinates, by Lanczos (:func:`_largest_eigenvalue`; products ``O(Jk² + JkG + G²)``)."""
-        s = self.structure
         root = 1.0 / np.sqrt(d)
-        inv_u, z, inv_g = self._inverse_parts()  # C⁻¹'s parts, once
 
         def product(v):
-            v = root * v
-            w = np.empty_like(v)  # C⁻ᵀ v
-            v_u, v_g = v[s.local_idx], v[s.global_idx]
-            w[s.local_idx] = np.einsum("jba,jb->ja", inv_u, v_u) + np.einsum("jgk,g->jk", z, v_g)
-            w[s.global_idx] = inv_g.T @ v_g
-            n = noise.matvec(w)
-            out = np.empty_like(v)  # C⁻¹ n
-            n_u = n[s.local_idx]
-            out[s.local_idx] = np.einsum("jab,jb->ja", inv_u, n_u)
-            out[s.global_idx] = np.einsum("jgk,jk->g", z, n_u) + inv_g @ n[s.global_idx]
-            return root * out
+            w = self._solve_transpose((root * v)[:, None])[:, 0]
+            return root * self._solve(noise.matvec(w)[:, None])[:, 0]
 
         return _largest_eigenvalue(product, self.dim)
 
