@@ -40,6 +40,13 @@ parameters — as PyMC warns about divergences.
    ``1/m_k`` exceeds :data:`MAX_RELAXATION_PASSES` data passes does not move (e.g. a step far
    too small).
 
+4. **The chains agree** (after sampling), on every coordinate of the posterior — the checks
+   above follow at most :data:`MAX_CHECKED` of them. Rank-normalised split R̂ (Vehtari et al.
+   2021; the larger of the bulk and the folded one) above :data:`RHAT_TOLERANCE` names the
+   coordinate: one chain sitting far from the others (a group effect kicked 100 sds away in
+   tuning and relaxing too slowly to come back), or a chain still drifting. Cost
+   ``O(D · draws · log draws)``, in chunks of coordinates.
+
 Over-dispersed data (the largest eigenvalue of ``N·C`` in whitened coordinates above 1.5) are
 reported in the attrs (``fisher_ratio_max``); they warn only through the checks above, i.e.
 where the draws then move beyond tolerance.
@@ -58,6 +65,7 @@ from typing import Any
 
 import numpy as np
 from scipy.linalg import solve_discrete_lyapunov
+from scipy.special import ndtri
 from scipy.stats import norm
 
 __all__ = [
@@ -67,9 +75,11 @@ __all__ = [
     "STEIN_TOLERANCE",
     "NoStructureWarning",
     "SGMCMCCheckWarning",
+    "check_chains_agree",
     "check_draws",
     "predicted_sd_ratio",
     "run_checks",
+    "split_rhat",
 ]
 
 PREDICTED_SD_TOLERANCE = 0.10
@@ -78,6 +88,13 @@ SHIFT_TOLERANCE = 0.20  # posterior sds
 FAMILY_WISE_RATE = 0.05
 MAX_RELAXATION_PASSES = 100.0
 MAX_CHECKED = 512  # coordinates checked per chain (all of them up to this many)
+RHAT_TOLERANCE = 1.1
+"""Rank-normalised split R̂ above which the chains disagree on a coordinate. PyMC warns from
+1.01 on its own runs; 1.1 keeps the check quiet on correct short runs of many coordinates: with
+100 effective draws of a coordinate (25 in each of four half-chains) R̂ exceeds 1.1 by chance
+with probability about 0.1%, and with 400 about 10⁻¹³, while a chain sitting 10 sds from the
+others gives R̂ ≈ 5."""
+RHAT_CHUNK = 4096  # coordinates ranked at a time (memory: chains·draws·chunk values)
 MIN_GLOBAL_ESS = 100.0
 """A global of a hierarchical model with fewer effective draws is reported: its mean and sd
 are then known to no better than ±0.3 of its sd, whatever the sampler's accuracy (issue 37's
@@ -276,6 +293,78 @@ def check_draws(
     return out
 
 
+def split_rhat(draws: np.ndarray) -> np.ndarray:
+    """Rank-normalised split R̂ of ``(chains, draws, k)`` values, ``(k,)``: the larger of the
+    bulk and the folded (``|x − median|``) one (Vehtari, Gelman, Simpson, Carpenter & Bürkner
+    2021). NaN for a coordinate that does not vary within the chains."""
+    draws = np.asarray(draws, dtype=np.float64)
+    chains, length, k = draws.shape
+    half = length // 2
+    split = np.concatenate([draws[:, :half], draws[:, length - half :]], axis=0)
+    folded = np.abs(split - np.median(split.reshape(-1, k), axis=0))
+    return np.fmax(_rhat(_rank_normalised(split)), _rhat(_rank_normalised(folded)))
+
+
+def _rank_normalised(x: np.ndarray) -> np.ndarray:
+    """Normal scores of the pooled ranks, per coordinate (Blom's offsets, as ArviZ)."""
+    m, n, k = x.shape
+    flat = x.reshape(m * n, k)
+    ranks = np.empty((m * n, k))
+    np.put_along_axis(
+        ranks,
+        np.argsort(flat, axis=0, kind="stable"),
+        np.broadcast_to(np.arange(1.0, m * n + 1.0)[:, None], (m * n, k)),
+        axis=0,
+    )
+    scores = ndtri((ranks - 0.375) / (m * n + 0.25))
+    # ties (a coordinate constant within the draws) keep no spread: NaN below
+    scores[:, np.ptp(flat, axis=0) == 0] = np.nan
+    return scores.reshape(m, n, k)
+
+
+def _rhat(z: np.ndarray) -> np.ndarray:
+    """Gelman–Rubin's potential scale reduction of ``(chains, draws, k)`` values."""
+    n = z.shape[1]
+    within = z.var(axis=1, ddof=1).mean(axis=0)
+    between = n * z.mean(axis=1).var(axis=0, ddof=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.sqrt(((n - 1) / n * within + between / n) / within)
+
+
+def check_chains_agree(draws: dict[str, np.ndarray], limit: int = 20) -> dict[str, Any]:
+    """R̂ on every coordinate of ``draws`` (``name -> (chains, draws, *shape)``); coordinates
+    are labelled by integer position (``u[1900]``, ``u[3,1]``). Returns ``rhat_max``, the
+    number checked and ``rhat_flagged``: the ``limit`` worst labels above
+    :data:`RHAT_TOLERANCE`, worst first, with the total count flagged."""
+    worst: list[tuple[float, str]] = []
+    checked, flagged, top = 0, 0, 1.0
+    for name, values in draws.items():
+        values = np.asarray(values)
+        if values.ndim < 2 or values.shape[1] < 8 or not np.issubdtype(values.dtype, np.floating):
+            continue
+        shape = values.shape[2:]
+        flat = values.reshape(values.shape[0], values.shape[1], -1)
+        for start in range(0, flat.shape[-1], RHAT_CHUNK):
+            r = split_rhat(flat[..., start : start + RHAT_CHUNK])
+            ok = np.isfinite(r)
+            checked += int(ok.sum())
+            if ok.any():
+                top = max(top, float(r[ok].max()))
+            bad = np.flatnonzero(ok & (r > RHAT_TOLERANCE))
+            flagged += bad.size
+            for j in bad[np.argsort(-r[bad])][:limit]:
+                index = np.unravel_index(start + j, shape) if shape else ()
+                label = f"{name}[{','.join(str(int(i)) for i in index)}]" if shape else name
+                worst.append((float(r[j]), label))
+    worst = sorted(worst, reverse=True)[:limit]
+    return {
+        "rhat_checked": checked,
+        "rhat_max": round(top, 4),
+        "rhat_flagged_count": flagged,
+        "rhat_flagged": {label: round(r, 3) for r, label in worst},
+    }
+
+
 DIRECTIONS = 2  # extreme directions of each end of the spectrum checked
 
 
@@ -374,14 +463,21 @@ def _split_check_stat(
 
 
 def run_checks(
-    check: np.ndarray | None, entries: list[dict], *, ess: ESS, warn: bool = True
+    check: np.ndarray | None,
+    entries: list[dict],
+    *,
+    ess: ESS,
+    warn: bool = True,
+    draws: dict[str, np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """Run the checks on a finished run and warn about what failed; returns the report (the
     ``sgmcmc_diagnostics`` attrs entry, JSON-encoded by the caller). ``check``: the sampling
     draws' ``sgmcmc_check`` stat, ``(chains, draws)`` of per-draw arrays or a numeric
     ``(chains, draws, 2k)`` array (None when not recorded); ``entries`` are the SG steps'
     settings as they go into the attrs (one per step, each chain's tuned values under
-    ``"chains"``); ``ess`` as for :func:`check_draws`."""
+    ``"chains"``); ``ess`` as for :func:`check_draws`; ``draws``: the posterior's draws of
+    the variables the SG steps sample (``name -> (chains, draws, *shape)``), for
+    :func:`check_chains_agree`."""
     report: dict[str, Any] = {}
     messages: list[str] = []
     entry = entries[0] if len(entries) == 1 else None
@@ -472,6 +568,19 @@ def run_checks(
                     ess=ess,
                 )
                 messages.extend(_marginal_messages(report["marginal"], entry))
+    # 4. the chains agree, on every coordinate
+    if draws:
+        agree = check_chains_agree(draws)
+        report.update(agree)
+        if agree["rhat_flagged"]:
+            found = {k: f"R̂ {v:.2f}" for k, v in agree["rhat_flagged"].items()}
+            count = agree["rhat_flagged_count"]
+            messages.append(
+                f"the chains disagree on {_shorten(found)}"
+                + (f" ({count} coordinates in all)" if count > len(found) else "")
+                + f" (rank-normalised split R̂ above {RHAT_TOLERANCE}): a chain sits away "
+                f"from the others there, or is still drifting; {_other_sampler(entry)}"
+            )
     report["ok"] = not messages
     log = os.environ.get("PMSG_CHECK_LOG")
     if log:

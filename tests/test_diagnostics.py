@@ -74,6 +74,8 @@ def test_correct_runs_pass_quietly(regression):
             idata = pm.sample(step=step, draws=400, tune=200, **SAMPLE)
             report = _report(idata)
             assert report["ok"]
+            # every coordinate of the posterior (beta's 3 and sigma) had its chains compared
+            assert report["rhat_checked"] >= 4 and not report["rhat_flagged"]
             ratios = np.array(list(report["stein_ratio"].values()))
             ses = np.array(list(report["stein_se"].values()))
             assert np.all(np.abs(ratios - 1) < 0.2 + 4 * ses), (ratios, ses)
@@ -97,6 +99,28 @@ def test_check_draws_statistics_on_known_draws():
     assert all(abs(v - 0.5) < 0.1 for v in shifted["mean_shift_sd"].values())
     still = np.repeat(theta[:, :1], 2000, axis=1) + 1e-9 * theta
     assert check_draws(still, -still, np.ones(3), names, 1.0, ess=ess_mean)["stuck"] == names
+
+
+def test_a_chain_away_from_the_others_is_named_on_any_coordinate():
+    """The chains-agree check reads every coordinate, not the Stein check's subset: exact
+    N(0, 1) draws of 3 000 group effects in 2 chains × 200 draws, where chain 1 holds one
+    effect 10 sds away, and a drifting chain of a 2-d variable: both named (with their
+    integer positions), nothing else. With 100 effective draws or more per coordinate R̂
+    exceeds 1.1 by chance with probability about 0.1%; here each has 400."""
+    from pymc_sgmcmc.diagnostics import RHAT_TOLERANCE, check_chains_agree
+
+    rng = np.random.default_rng(3)
+    u = rng.normal(size=(2, 200, 3000))
+    quiet = check_chains_agree({"u": u})
+    assert quiet["rhat_checked"] == 3000 and not quiet["rhat_flagged"], quiet["rhat_max"]
+    assert quiet["rhat_max"] < 1.05
+    u[1, :, 1900] += 10.0
+    slopes = rng.normal(size=(2, 200, 4, 2))
+    slopes[0, :, 3, 1] += np.linspace(0.0, 6.0, 200)  # chain 0 still drifting
+    found = check_chains_agree({"u": u, "slopes": slopes, "theta": rng.normal(size=(2, 200))})
+    assert set(found["rhat_flagged"]) == {"u[1900]", "slopes[3,1]"}, found
+    assert all(r > RHAT_TOLERANCE for r in found["rhat_flagged"].values())
+    assert found["rhat_checked"] == 3000 + 8 + 1
 
 
 def test_a_global_with_few_effective_draws_is_named():

@@ -188,6 +188,29 @@ def _check_values(values: dict[str, np.ndarray]) -> np.ndarray | None:
     return array if array.ndim == 3 else array.reshape(array.shape[0], -1)
 
 
+def _checked_draws(result: Any, steps: list) -> dict[str, np.ndarray] | None:
+    """The posterior's draws the chains-agree check reads (:func:`run_checks`): every variable
+    when the SG steps sample all the model's free variables (deterministics of them included:
+    ``u = tau * z`` is what users read), else only the variables they sample (another step
+    method's are PyMC's convergence checks' business)."""
+    posterior = get_group(result, "posterior")
+    if posterior is None:
+        return None
+    model = steps[0].problem.model
+    ours: set[str] = set()
+    for step in steps:
+        problem = step.problem
+        ours.update(problem.rv_name(v.name) for v in problem.var_infos)
+        if step.hybrid is not None:
+            ours.update(problem.rv_name(name) for name in step.hybrid.layout.names)
+    everything = {rv.name for rv in model.free_RVs} <= ours
+    return {
+        str(name): np.asarray(values.values)
+        for name, values in posterior.data_vars.items()
+        if (everything or name in ours) and values.dims[:2] == ("chain", "draw")
+    }
+
+
 def step_entries(steps: list, tuned_chains: list[dict] | None = None) -> list[dict]:
     """One settings entry per SG step of a ``pm.sample`` call, with each chain's tuned values
     under ``"chains"``: ``tuned_chains`` (from the stats, one dict per chain) for a single SG
@@ -438,7 +461,7 @@ def install(step_classes: Sequence[type] = ()) -> None:
             attrs = sgmcmc_attrs(steps, entries)
             set_attrs(result, ("posterior", "sample_stats"), attrs)
             check = _check_values(_pop_stat(result, "sgmcmc_check"))
-            report = run_checks(check, entries, ess=ess_mean)
+            report = run_checks(check, entries, ess=ess_mean, draws=_checked_draws(result, steps))
             set_attrs(
                 result,
                 ("posterior", "sample_stats"),
