@@ -94,9 +94,9 @@ RHAT_TOLERANCE = 1.2
 net for gross failures on the coordinates the Stein check does not follow (a chain stuck or
 kicked far from the others: R̂ ≈ 2.2 for one of two chains 67 sds away), not a convergence
 criterion (PyMC's own warns from 1.01): two chains whose means differ by 1.15 sds give
-about 1.2 (1.5 sds: 1.32), and with 25 effective draws in each half-chain R̂ exceeds 1.2 by chance with
-probability about 3·10⁻⁷ per coordinate (1.1: 10⁻³, a false alarm in four runs of ten
-with 400 coordinates)."""
+about 1.2 (1.5 sds: 1.32), and with 25 effective draws in each half-chain R̂ exceeds 1.2
+by chance with probability about 3·10⁻⁷ per coordinate (1.1: 10⁻³, a false alarm in four
+runs of ten with 400 coordinates)."""
 RHAT_MIN_DRAWS = 50  # per chain; shorter chains are not compared
 RHAT_CHUNK = 4096  # coordinates ranked at a time (memory: chains·draws·chunk values)
 MIN_GLOBAL_ESS = 100.0
