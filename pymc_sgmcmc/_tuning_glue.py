@@ -498,6 +498,7 @@ class AutomaticTuning:
             search_draws if self.hybrid is not None else 0,
             exact=self.exact,
             follow=self._sampled_idx is not None,
+            noise_grows_with_step=self._noise_grows_with_step,
         )
 
     def _rule(self, noise_z: np.ndarray, cap: float = 1.0, whitening: Any = None) -> Rates:

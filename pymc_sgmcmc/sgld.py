@@ -5,7 +5,7 @@ minibatch gradients and a decreasing or tuned step.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -72,6 +72,7 @@ class SGLD(SGMCMCStep):
     """
 
     name = "sgld"
+    _share_per_bias: ClassVar[float] = 5.0  # the noise share is 5·target_bias (a quarter)
 
     def __init__(
         self,
@@ -164,7 +165,7 @@ class SGLD(SGMCMCStep):
             return Rates(h, np.full(dim, h), None, injected, 0.0, 1.0)
         return langevin_rule(
             noise_z,
-            noise_share=min(1.0, 5.0 * self.target_bias),
+            noise_share=min(1.0, self._share_per_bias * self.target_bias),
             step_cap=min(cap, LANGEVIN_STEP_CAP),
             temperature=self.temperature,
         )

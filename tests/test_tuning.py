@@ -136,3 +136,40 @@ def test_chunked_gradient_noise_equals_the_one_shot_covariance(full):
 
     chunked = chunked_gradient_noise(rows_of, 1000, 3, full, chunk_work=3 * 300)
     np.testing.assert_allclose(chunked, gradient_noise(g, full=full), rtol=1e-10)
+
+
+def test_a_noise_that_grows_with_the_step_settles_at_the_rules_fixed_point():
+    """SAGA-LD's and SVRG-LD's noise is the rows' gradient differences between the chain and
+    the stored points, which the chain drifts from by about its step: measured at a step
+    ``h`` it is ``c·h``. Fed such measurements at the steps in force, the tuner settles every
+    coordinate at the rule's fixed point ``h = rule(c·h)`` — for SGLD's closed form the root
+    of ``c h² + sT h − 2sT = 0`` (share ``s = 0.25``, ``T = 1``, cap 0.25) — whatever ``c``.
+    It does so from the second measurement on (the first is taken before any step of the
+    sampler's own); fed the noise measured at the earlier steps instead, the rule's answer
+    starts far from it (10x too small for the noisiest coordinate: the first noise was
+    measured at the cap) and approaches it only as the measurements at the steps it chose
+    outweigh the earlier ones."""
+    from pymc_sgmcmc.tuning.rates import langevin_rule
+    from pymc_sgmcmc.tuning.tuner import Measurement, Tuner
+
+    share, cap = 0.25, 0.25
+    c = np.array([0.01, 1.0, 30.0, 300.0, 3000.0])
+
+    def rule(noise, cap=1.0, whitening=None):
+        return langevin_rule(noise, noise_share=share, step_cap=min(cap, 0.25))
+
+    def run(grows):
+        tuner = Tuner(rule, search_draws=0, noise_grows_with_step=grows)
+        steps = []
+        for _ in range(30):
+            h = tuner.current.rates.steps if tuner.current is not None else np.full(c.size, cap)
+            tuner.update(Measurement(np.ones(c.size), c * h))
+            tuner.advance(True)
+            steps.append(tuner.current.rates.steps.copy())
+        return np.array(steps)
+
+    root = np.minimum((-share + np.sqrt(share**2 + 8 * share * c)) / (2 * c), cap)
+    grown = run(True)
+    np.testing.assert_allclose(grown[1:], np.broadcast_to(root, grown[1:].shape), rtol=1e-6)
+    plain = run(False)
+    assert np.max(np.abs(plain[1] / root - 1)) > 0.5, plain[1] / root

@@ -477,6 +477,9 @@ class SGMCMCStep(
         return names - {"self", "rng", "blocked", "initial_point", "compile_kwargs"}
 
     _supports_locals: ClassVar[bool] = True  # SAGA-LD / SVRG-LD: per-row gradient state
+    # The gradient estimator's noise grows with the step (SAGA-LD / SVRG-LD: the chain's
+    # distance from the stored points does); the tuner then finds the step that fits it.
+    _noise_grows_with_step: ClassVar[bool] = False
 
     # -- PyMC protocol ----------------------------------------------------------------------
     @staticmethod

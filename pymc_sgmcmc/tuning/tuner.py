@@ -43,6 +43,9 @@ MEASURE_EVERY_FIRST = 8
 MEASURE_GROWTH = 1.25
 """Then a draw is measured when its index has grown by this factor since the last one."""
 SEARCH_STEP = 0.5
+FIXED_POINT_ITERATIONS = 40
+"""Damped iterations of the rule on a noise that grows with the step (``Tuner._retuned``):
+each at most halves the distance to the fixed point in log-step."""
 EXACT_INJECTION_ATTEMPTS = 4
 """How many times the rule is asked again with its noise inflated until the gradient noise
 fits the budgets along every direction (structured whitening; ``Tuner._retuned``)."""
@@ -113,8 +116,14 @@ class Tuner:
         search_draws: int,
         exact: bool = False,
         follow: bool = False,
+        noise_grows_with_step: bool = False,
     ) -> None:
         self.rule = rule
+        # A variance-reduced estimator's noise is the rows' gradient differences between the
+        # chain and the stored points (SVRG's anchor, SAGA's table), which the chain drifts
+        # from by about its step times the iterations since: the noise measured at one step
+        # is not the noise at the step the rule then chooses (Tuner._retuned).
+        self.noise_grows_with_step = noise_grows_with_step
         self.search_draws = int(search_draws)
         self.exact = exact  # a Metropolis-adjusted chain: no stability cap on its step
         # Variational EM moves the prior between draws: the curvature is then the latest
@@ -132,6 +141,7 @@ class Tuner:
         self.curvature = WindowedMean()
         self.noise = WindowedMean()
         self.fisher = WindowedMean()
+        self.noise_per_step = WindowedMean()
         self.step_cap_factor = 1.0
         self.current: Tuned | None = None
         self.last_measurement: Measurement | None = None
@@ -167,6 +177,8 @@ class Tuner:
             self.measurements += 1
             averaged = self.curvature.update(measurement.curvature)
             whitening = whiten(measurement.curvature if self.follow else averaged)
+            if self.noise_grows_with_step:
+                self._update_noise_per_step(measurement.noise)
             noise = self.noise.update(measurement.noise)
             if measurement.fisher is not None:
                 self.fisher.update(measurement.fisher)
@@ -208,6 +220,49 @@ class Tuner:
         return self.current
 
     # -- internals -------------------------------------------------------------------------------
+    def _update_noise_per_step(self, noise: Any) -> None:
+        """Average the measured whitened noise per unit of the step each coordinate took in the
+        draws before the measurement (those steps moved the chain away from the stored
+        points). Coordinates only: a noise tuned along its eigendirections (a dense
+        whitening) keeps the plain rule."""
+        current = self.current
+        if current is None or current.searching or current.rates.basis is not None:
+            return
+        s_z = current.whitening.to_whitened(noise)
+        steps = np.asarray(current.rates.steps, dtype=np.float64)
+        if np.ndim(s_z) != 1 or s_z.shape != steps.shape:
+            return
+        self.noise_per_step.update(np.asarray(s_z) / np.maximum(steps, 1e-300))
+
+    def _noise_at_own_step(self, cap: float, whitening: Any) -> np.ndarray | None:
+        r"""The whitened noise ``s_j = c_j h_j`` at the steps ``h_j`` the rule chooses for it:
+        its fixed point, by iterating the rule damped in log-step (:math:`h \leftarrow
+        \sqrt{h\,\mathrm{rule}(c h)}`, which converges whatever the noise's growth between
+        none and linear: the undamped map's slope at the fixed point is in ``(−1, 0]``).
+
+        Measured on 2 000 exact random intercepts (20 rows per group, B = 256 of 40 000
+        rows): SVRG-LD's noise at a group effect grows as the chain drifts from the anchor,
+        about ``2h`` per iteration for 157 iterations, while the group's rows are in one
+        minibatch of 8. The rule fed the noise measured at the last step chose steps from
+        10⁻⁵ to 0.13 for the groups (a low draw of the noise gave a large step, whose noise
+        the next measurement found large); at the largest, a visit of the group's rows
+        kicked it by tens of sds (one chain of two held two groups 67 and 43 sds away)."""
+        per_step = self.noise_per_step.value
+        if per_step is None or np.ndim(per_step) != 1:
+            return None
+        per_step = np.maximum(np.asarray(per_step, dtype=np.float64), 0.0)
+        current = self.current
+        h = (
+            np.asarray(current.rates.steps, dtype=np.float64)
+            if current is not None and current.rates is not None and current.rates.basis is None
+            else np.full(per_step.shape, cap)
+        )
+        h = np.maximum(h, 1e-12)
+        for _ in range(FIXED_POINT_ITERATIONS):
+            chosen = np.asarray(self.rule(per_step * h, cap=cap, whitening=whitening).steps)
+            h = np.sqrt(h * np.maximum(chosen, 1e-12))
+        return per_step * h
+
     def _tuned(
         self,
         whitening: Whitening,
@@ -246,15 +301,25 @@ class Tuner:
             dim = s_z.shape[0]
             rates = Rates(h, np.full(dim, h), None, np.zeros_like(s_z), 0.0, 1.0)
         else:
+            if self.noise_grows_with_step:
+                grown = self._noise_at_own_step(cap, tuned.whitening)
+                if grown is not None and grown.shape == np.shape(self._noise_z):
+                    self._noise_z = grown
             rates = self.rule(self._noise_z, cap=cap, whitening=tuned.whitening)
         whitening = tuned.whitening
         report = dict(tuned.report)
         factor = None
-        if rates.budgets is not None and isinstance(self._last_noise, StructuredCurvature):
+        if (
+            rates.budgets is not None
+            and isinstance(self._last_noise, StructuredCurvature)
+            and not self.noise_grows_with_step
+        ):
             # The minibatch's noise is known beyond its whitened diagonal: the rest of each
             # budget is injected exactly (StructuredWhitening.injection_factor). The rule saw
             # the diagonal only; where the noise exceeds the budgets along a combination of
             # coordinates (by ρ) the rule is asked again as if the noise were ρ times larger.
+            # Not where the noise grows with the step: its structure was measured at the
+            # earlier steps, and only its diagonal is known per unit step.
             inflation = 1.0
             for attempt in range(EXACT_INJECTION_ATTEMPTS):
                 exact = whitening.injection_factor(rates.steps, rates.budgets, self._last_noise)
