@@ -309,17 +309,11 @@ class Tuner:
         whitening = tuned.whitening
         report = dict(tuned.report)
         factor = None
-        if (
-            rates.budgets is not None
-            and isinstance(self._last_noise, StructuredCurvature)
-            and not self.noise_grows_with_step
-        ):
+        if rates.budgets is not None and isinstance(self._last_noise, StructuredCurvature):
             # The minibatch's noise is known beyond its whitened diagonal: the rest of each
             # budget is injected exactly (StructuredWhitening.injection_factor). The rule saw
             # the diagonal only; where the noise exceeds the budgets along a combination of
             # coordinates (by ρ) the rule is asked again as if the noise were ρ times larger.
-            # Not where the noise grows with the step: its structure was measured at the
-            # earlier steps, and only its diagonal is known per unit step.
             inflation = 1.0
             for attempt in range(EXACT_INJECTION_ATTEMPTS):
                 exact = whitening.injection_factor(rates.steps, rates.budgets, self._last_noise)
