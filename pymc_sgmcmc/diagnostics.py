@@ -305,8 +305,13 @@ def split_rhat(draws: np.ndarray) -> np.ndarray:
     chains, length, k = draws.shape
     half = length // 2
     split = np.concatenate([draws[:, :half], draws[:, length - half :]], axis=0)
-    folded = np.abs(split - np.median(split.reshape(-1, k), axis=0))
-    return np.fmax(_rhat(_rank_normalised(split)), _rhat(_rank_normalised(folded)))
+    flat = split.reshape(-1, k)
+    folded = np.abs(split - np.median(flat, axis=0))
+    rhat = np.fmax(_rhat(_rank_normalised(split)), _rhat(_rank_normalised(folded)))
+    # A coordinate constant up to rounding (a correlation matrix's unit diagonal: its ranks
+    # are those of the rounding errors, R̂ 1.26 on LKJ's chol_corr[2,2]) is not compared.
+    rhat[np.ptp(flat, axis=0) <= 1e-9 * np.abs(flat).max(axis=0)] = np.nan
+    return rhat
 
 
 def _rank_normalised(x: np.ndarray) -> np.ndarray:
@@ -321,8 +326,6 @@ def _rank_normalised(x: np.ndarray) -> np.ndarray:
         axis=0,
     )
     scores = ndtri((ranks - 0.375) / (m * n + 0.25))
-    # ties (a coordinate constant within the draws) keep no spread: NaN below
-    scores[:, np.ptp(flat, axis=0) == 0] = np.nan
     return scores.reshape(m, n, k)
 
 
