@@ -295,17 +295,19 @@ class Tuner:
 
     def _retuned(self, tuned: Tuned) -> Tuned:
         cap = (1.0 if self.exact else min(1.0 / self._stiffest, 1.0)) * self.step_cap_factor
+        # The whitened noise the rule sees: as measured, or (a noise that grows with the
+        # step) at the rule's fixed point; derived here on every retune, never stored.
+        s_z = self._noise_z
         if tuned.searching:
             h = min(SEARCH_STEP, cap)
-            s_z = self._noise_z
             dim = s_z.shape[0]
             rates = Rates(h, np.full(dim, h), None, np.zeros_like(s_z), 0.0, 1.0)
         else:
             if self.noise_grows_with_step:
                 grown = self._noise_at_own_step(cap, tuned.whitening)
-                if grown is not None and grown.shape == np.shape(self._noise_z):
-                    self._noise_z = grown
-            rates = self.rule(self._noise_z, cap=cap, whitening=tuned.whitening)
+                if grown is not None and grown.shape == np.shape(s_z):
+                    s_z = grown
+            rates = self.rule(s_z, cap=cap, whitening=tuned.whitening)
         whitening = tuned.whitening
         report = dict(tuned.report)
         factor = None
@@ -324,7 +326,7 @@ class Tuner:
                 if excess <= 1.0 or attempt == EXACT_INJECTION_ATTEMPTS - 1:
                     break
                 inflation *= 1.02 * excess
-                rates = self.rule(self._noise_z * inflation, cap=cap, whitening=whitening)
+                rates = self.rule(s_z * inflation, cap=cap, whitening=whitening)
         if factor is None:
             factor = whitening.position_noise_factor(rates.injected)
         precond = whitening.metric_from_whitened(rates.preconditioner())
