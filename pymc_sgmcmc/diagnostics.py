@@ -67,7 +67,7 @@ from typing import Any
 import numpy as np
 from scipy.linalg import solve_discrete_lyapunov
 from scipy.special import ndtri
-from scipy.stats import norm
+from scipy.stats import norm, rankdata
 
 __all__ = [
     "MAX_CHECKED",
@@ -300,7 +300,13 @@ def check_draws(
 def split_rhat(draws: np.ndarray) -> np.ndarray:
     """Rank-normalised split R̂ of ``(chains, draws, k)`` values, ``(k,)``: the larger of the
     bulk and the folded (``|x − median|``) one (Vehtari, Gelman, Simpson, Carpenter & Bürkner
-    2021). NaN for a coordinate that does not vary within the chains."""
+    2021). NaN for a coordinate that does not vary within the chains.
+
+    ArviZ's ``rhat(method="rank")``, vectorised over the coordinates (tested equal to the
+    host ArviZ's, ties included). Not the host's
+    own: ArviZ 1's array function took 2.4× as long on 4 096 coordinates × 800 draws (2.35 s
+    against 0.97 s; 10⁵ group effects would add a minute to every run), and ArviZ 0.23's
+    takes one variable of one coordinate at a time."""
     draws = np.asarray(draws, dtype=np.float64)
     chains, length, k = draws.shape
     half = length // 2
@@ -315,16 +321,10 @@ def split_rhat(draws: np.ndarray) -> np.ndarray:
 
 
 def _rank_normalised(x: np.ndarray) -> np.ndarray:
-    """Normal scores of the pooled ranks, per coordinate (Blom's offsets, as ArviZ)."""
+    """Normal scores of the pooled ranks, per coordinate (ties share their average rank;
+    Blom's offsets, as ArviZ)."""
     m, n, k = x.shape
-    flat = x.reshape(m * n, k)
-    ranks = np.empty((m * n, k))
-    np.put_along_axis(
-        ranks,
-        np.argsort(flat, axis=0, kind="stable"),
-        np.broadcast_to(np.arange(1.0, m * n + 1.0)[:, None], (m * n, k)),
-        axis=0,
-    )
+    ranks = rankdata(x.reshape(m * n, k), axis=0)
     scores = ndtri((ranks - 0.375) / (m * n + 0.25))
     return scores.reshape(m, n, k)
 
