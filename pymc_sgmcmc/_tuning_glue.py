@@ -190,9 +190,10 @@ class AutomaticTuning:
             position,
             fixed,
             self._tuning_data(noise_key, self._search_rows),
-            jnp.asarray(structure.global_idx),
+            jnp.asarray(structure.probes(), dtype=self.problem.dtype),
+            jnp.asarray(structure.id_probes(), dtype=self.problem.dtype),
             jnp.asarray(structure.local_idx),
-            jnp.asarray(structure.pair_masks(), dtype=self.problem.dtype),
+            pairs=tuple(structure.pairs()),
         )
         c = StructuredCurvature(structure, *(np.asarray(m) for m in moments))
         n, b = self.problem.data_size, self.batch_size

@@ -25,7 +25,7 @@ from pymc_sgmcmc.kernels import saga, svrg
 from pymc_sgmcmc.kernels.preconditioning import apply_to_rows, as_parameter
 from pymc_sgmcmc.minibatch import full_data_chunks, noise_factor
 from pymc_sgmcmc.sgld import SGLD
-from pymc_sgmcmc.tuning.averaging import chunked_arrowhead_moments, chunked_gradient_noise
+from pymc_sgmcmc.tuning.averaging import arrowhead_moments_along, chunked_gradient_noise
 from pymc_sgmcmc.tuning.measurements import NOISE_CHUNK_WORK
 from pymc_sgmcmc.tuning.structure import StructuredCurvature
 
@@ -120,9 +120,10 @@ class _VarianceReducedLD(SGLD):
                 fixed,
                 compiled["data"],
                 False,
-                structure.global_idx,
+                structure.probes(),
+                structure.id_probes(),
                 structure.local_idx,
-                structure.pair_masks(),
+                pairs=tuple(structure.pairs()),
             )
             c = StructuredCurvature(structure, *(np.asarray(m) for m in moments))
             return type(base)(
@@ -149,38 +150,62 @@ class _VarianceReducedLD(SGLD):
         # tens of sds away at their rows' next visit).
         every_row = getattr(self, "_search_rows", 0) == n
         rows = n if every_row else min(n, max(self.batch_size, 1024, self._search_rows))
-        per_example = self.problem.jax_functions()["per_example_grads"]
-        stored_fn = self._stored_rows
+        fns = self.problem.jax_functions()
+        per_example, loglik_rows = fns["per_example_grads"], fns["loglik_rows"]
+        stored_fn, stored_along = self._stored_rows, self._stored_along
 
         def vr_noise(
-            key, state, fixed, data, dense, global_idx=None, local_idx=None, pair_masks=None
+            key, state, fixed, data, dense, probes=None, id_probes=None, local_idx=None, pairs=()
         ):
             if every_row:
                 idx = jnp.arange(n)
             else:
                 idx = jax.random.randint(key, (rows,), 0, n)
 
+            def rows_at(start, size):
+                part = jax.lax.dynamic_slice_in_dim(idx, start, size)
+                return part, tuple(jnp.take(a, part, axis=0) for a in data)
+
+            if local_idx is not None:
+                # With the model's nested structure: the per-row differences along the
+                # structure's probes (forward mode at the chain's position, less the stored
+                # rows' along the same probes), no per-row gradients of D entries.
+                def along(start, size, tangents):
+                    part, batch = rows_at(start, size)
+
+                    def one(t):
+                        fn = lambda th: loglik_rows(th, fixed, batch)  # noqa: E731
+                        return jax.jvp(fn, (state.position,), (t,))[1]
+
+                    return jax.vmap(one)(tangents) - stored_along(
+                        state, fixed, batch, part, tangents
+                    )
+
+                return arrowhead_moments_along(
+                    along, rows, probes, id_probes, local_idx, pairs, NOISE_CHUNK_WORK
+                )
+
             def rows_of(start, size):
                 # The per-row differences for rows idx[start : start + size] (in chunks on
                 # every row: N x D at once would be a second SAGA table).
-                part = jax.lax.dynamic_slice_in_dim(idx, start, size)
-                batch = tuple(jnp.take(a, part, axis=0) for a in data)
+                part, batch = rows_at(start, size)
                 return per_example(state.position, fixed, batch) - stored_fn(
                     state, fixed, batch, part
                 )
 
             dim = state.position.shape[0]
-            if local_idx is not None:  # with the model's nested structure
-                return chunked_arrowhead_moments(
-                    rows_of, rows, dim, global_idx, local_idx, NOISE_CHUNK_WORK, pair_masks
-                )
             return chunked_gradient_noise(rows_of, rows, dim, dense, NOISE_CHUNK_WORK)
 
-        return jax.jit(vr_noise, static_argnames="dense")
+        return jax.jit(vr_noise, static_argnames=("dense", "pairs"))
 
     def _stored_rows(self, state: Any, fixed: tuple, batch: Any, idx: Any) -> Any:
         """The stored per-row gradients the estimator subtracts, for rows ``idx``."""
         raise NotImplementedError
+
+    def _stored_along(self, state: Any, fixed: tuple, batch: Any, idx: Any, tangents: Any) -> Any:
+        """``(T, m)``: the stored per-row gradients of rows ``idx`` along each of ``tangents``
+        (``(T, D)``)."""
+        return tangents @ self._stored_rows(state, fixed, batch, idx).T
 
     def _params(self, iteration: int) -> dict[str, Any]:
         params = super()._params(iteration)
@@ -373,6 +398,16 @@ class SVRGLD(_VarianceReducedLD):
     def _stored_rows(self, state, fixed, batch, idx):
         per_example = self.problem.jax_functions()["per_example_grads"]
         return per_example(state.anchor, fixed, batch)
+
+    def _stored_along(self, state, fixed, batch, idx, tangents):
+        import jax
+
+        loglik_rows = self.problem.jax_functions()["loglik_rows"]
+
+        def one(t):
+            return jax.jvp(lambda th: loglik_rows(th, fixed, batch), (state.anchor,), (t,))[1]
+
+        return jax.vmap(one)(tangents)
 
     def _data_passes(self, iteration: int) -> float:
         if self.exact:

@@ -286,40 +286,6 @@ def test_a_zero_sum_effect_touches_every_coordinate_at_once():
     assert isinstance(found, str) and "several coordinates" in found, found
 
 
-def test_the_gradient_noise_is_measured_with_the_couplings_between_crossed_factors():
-    """``chunked_arrowhead_moments`` of per-row vectors with the crossed layout: blocks, cross
-    terms and the couplings' skeleton parts equal those of the dense second moment."""
-    import jax
-    import jax.numpy as jnp
-
-    from pymc_sgmcmc.tuning.averaging import chunked_arrowhead_moments
-
-    rng = np.random.default_rng(4)
-    g, js, jd, rows = 2, 12, 9, 300
-    dim = g + js + jd
-    structure = crossed_layout(g, js, jd)
-    grads = np.zeros((rows, dim))
-    grads[:, :g] = rng.normal(size=(rows, g))
-    grads[np.arange(rows), g + rng.integers(js, size=rows)] = rng.normal(size=rows)
-    grads[np.arange(rows), g + js + rng.integers(jd, size=rows)] = rng.normal(size=rows)
-    with jax.enable_x64(True):
-        table = jnp.asarray(grads)
-        parts = chunked_arrowhead_moments(
-            lambda start, size: jax.lax.dynamic_slice_in_dim(table, start, size),
-            rows,
-            dim,
-            jnp.asarray(structure.global_idx),
-            jnp.asarray(structure.local_idx),
-            64 * dim,  # several chunks
-            jnp.asarray(structure.pair_masks()),
-        )
-    measured = StructuredCurvature(structure, *(np.asarray(p) for p in parts))
-    second = grads.T @ grads / rows
-    expected = structure.curvature_from_products(structure.probes() @ second)
-    for got, want in zip(measured._parts(), expected._parts(), strict=True):
-        np.testing.assert_allclose(got, want, atol=1e-12)
-
-
 def crossed_layout(g: int, js: int, jd: int) -> GroupStructure:
     """``g`` globals, then ``js`` and ``jd`` one-coordinate groups of two crossed factors."""
     dim = g + js + jd

@@ -753,7 +753,7 @@ class SGMCMCStep(
             "init": jax.jit(init),
             "freeze": jax.jit(self._make_freeze(fns)) if hybrid is not None else None,
             "noise": jax.jit(measure["noise"], static_argnames=("full", "full_curvature")),
-            "structured_noise": jax.jit(measure["structured_noise"]),
+            "structured_noise": jax.jit(measure["structured_noise"], static_argnames="pairs"),
             "spectral_radius": jax.jit(measure["spectral_radius"]),
             "hessian_product": jax.jit(measure["hessian_product"], static_argnames="rows"),
             "sharded_noise": measure["sharded_noise"],

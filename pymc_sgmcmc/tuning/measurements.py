@@ -20,7 +20,7 @@ from pymc_sgmcmc.kernels.preconditioning import apply_preconditioner
 from pymc_sgmcmc.minibatch import block_rows, draw_minibatch
 from pymc_sgmcmc.sharding import sharded_gradient_noise, sharded_uniform_rows
 from pymc_sgmcmc.tuning.averaging import (
-    chunked_arrowhead_moments,
+    arrowhead_moments_along,
     chunked_gradient_noise,
     gradient_noise,
 )
@@ -165,29 +165,30 @@ def measurement_functions(
             lambda v: curvature_product(grad_u, position, v), key_probe, dim, fisher_guess
         )
 
-    def structured_noise(key, position, fixed, data, global_idx, local_idx, pair_masks):
+    def structured_noise(key, position, fixed, data, probes, id_probes, local_idx, pairs):
         # The per-datum gradients' second moment with the model's nested structure
         # (pymc_sgmcmc.tuning.structure): a row touches the globals and one group's locals,
         # so Σ gᵢgᵢᵀ is a block arrowhead — its globals' block (G, G), each group's cross
-        # terms (J, k, G) and block (J, k, k) — on the rows the noise is measured on, in
-        # chunks. Uncentred: the mean's rank-one term ḡḡᵀ is dense, and in the whitened
-        # coordinates (a posterior z-score per coordinate, the full gradient O(1)) it adds
-        # O(1/B) to a coordinate's noise, against a budget of O(h).
+        # terms (J, k, G) and block (J, k, k) — on the rows the noise is measured on, from
+        # each row's derivatives along the structure's probes (forward mode, O(rows) each:
+        # no per-row gradients of D entries). Uncentred: the mean's rank-one term ḡḡᵀ is
+        # dense, and in the whitened coordinates (a posterior z-score per coordinate, the
+        # full gradient O(1)) it adds O(1/B) to a coordinate's noise, against a budget of
+        # O(h).
         key_rows, _ = jax.random.split(key)
         batch = search_block(key_rows, data)
+        loglik_rows = fns["loglik_rows"]
 
-        def rows_of(start, size):
+        def along(start, size, tangents):
             part = tuple(jax.lax.dynamic_slice_in_dim(a, start, size) for a in batch)
-            return fns["per_example_grads"](position, fixed, part)
 
-        return chunked_arrowhead_moments(
-            rows_of,
-            batch[0].shape[0],
-            position.shape[0],
-            global_idx,
-            local_idx,
-            NOISE_CHUNK_WORK,
-            pair_masks,
+            def one(t):
+                return jax.jvp(lambda th: loglik_rows(th, fixed, part), (position,), (t,))[1]
+
+            return jax.vmap(one)(tangents)
+
+        return arrowhead_moments_along(
+            along, batch[0].shape[0], probes, id_probes, local_idx, pairs, NOISE_CHUNK_WORK
         )
 
     def block_potential_grad(key, fixed, data, local_params, rows):

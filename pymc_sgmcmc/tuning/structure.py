@@ -86,6 +86,10 @@ level that only a prior ties to the rows have joined them: the globals' block is
 measured by one Hessian-vector product each."""
 LANCZOS_STEPS = 40
 """Lanczos iterations for the gradient noise's largest ratio to the injection's budgets."""
+SLOT_WEIGHT_STEP = 0.6180339887498949
+"""Slot ``s`` of a group is weighted ``1 + s·0.618…`` in :meth:`GroupStructure.id_probes`: a
+row's weighted sum of its slots' derivatives then vanishes only where they all do (an
+irrational ratio of weights, against covariates such as ±1)."""
 RATIO_TOLERANCE = 1e-6
 VERIFY_TOLERANCE = 1e-6
 LOW_RANK_FLOOR = 1e-6
@@ -140,16 +144,6 @@ class GroupStructure:
             for t in range(k)
         ]
 
-    def pair_masks(self) -> np.ndarray:
-        """``(2, P, D)``: for each of :meth:`pairs`, the indicators of its two slots'
-        coordinates (the first factor's, the second's)."""
-        factors, pairs = self._factors(), self.pairs()
-        out = np.zeros((2, len(pairs), self.dim))
-        for p, (f, s, h, t) in enumerate(pairs):
-            out[0, p, self.local_idx[factors == f, s]] = 1.0
-            out[1, p, self.local_idx[factors == h, t]] = 1.0
-        return out
-
     def probes(self, dtype=np.float64) -> np.ndarray:
         """``(G + F·k, D)``: the unit vectors of the globals, then for each factor and local
         slot one vector with ones on the slot's coordinate of every group of that factor
@@ -162,6 +156,21 @@ class GroupStructure:
         for f in range(self.n_factors):
             for s in range(k):
                 out[g + f * k + s, self.local_idx[factors == f, s]] = 1.0
+        return out
+
+    def id_probes(self, dtype=np.float64) -> np.ndarray:
+        """``(F, D)``: for each factor, weights ``(j + 1)·(1 + s·0.618…)`` on slot ``s`` of its
+        group ``j`` (``j`` counts the groups of every factor, in :attr:`local_idx`'s order). A
+        row's derivative along it, over its derivative along the factor's slot probes
+        weighted ``1 + s·0.618…``, is ``j + 1`` for the group it touches
+        (:func:`~pymc_sgmcmc.tuning.averaging.arrowhead_moments_along`)."""
+        out = np.zeros((self.n_factors, self.dim), dtype=dtype)
+        factors = self._factors()
+        weights = 1.0 + SLOT_WEIGHT_STEP * np.arange(self.k)
+        number = np.arange(1.0, self.n_groups + 1.0)
+        for f in range(self.n_factors):
+            mine = factors == f
+            out[f, self.local_idx[mine]] = number[mine, None] * weights[None, :]
         return out
 
     def curvature_from_products(self, products: np.ndarray) -> StructuredCurvature:
