@@ -66,6 +66,7 @@ class _VarianceReducedLD(SGLD):
     _supports_locals = False  # per-row gradients of θ that locals drawn afresh make random
     _noise_grows_with_step = True  # the chain's distance from the anchor / table does
     _share_per_bias = 1.0  # a share of target_bias: a multiplicative noise (class docstring)
+    _stored_rows_dense = True  # SAGA's table rows (D entries each); SVRG's are recomputed
 
     def __init__(
         self,
@@ -120,8 +121,8 @@ class _VarianceReducedLD(SGLD):
                 fixed,
                 compiled["data"],
                 False,
-                structure.probes(),
-                structure.id_probes(),
+                structure.probes(dtype=self.problem.dtype),
+                structure.id_probes(dtype=self.problem.dtype),
                 structure.local_idx,
                 pairs=tuple(structure.pairs()),
             )
@@ -166,6 +167,7 @@ class _VarianceReducedLD(SGLD):
                 part = jax.lax.dynamic_slice_in_dim(idx, start, size)
                 return part, tuple(jnp.take(a, part, axis=0) for a in data)
 
+            dim = state.position.shape[0]
             if local_idx is not None:
                 # With the model's nested structure: the per-row differences along the
                 # structure's probes (forward mode at the chain's position, less the stored
@@ -182,7 +184,14 @@ class _VarianceReducedLD(SGLD):
                     )
 
                 return arrowhead_moments_along(
-                    along, rows, probes, id_probes, local_idx, pairs, NOISE_CHUNK_WORK
+                    along,
+                    rows,
+                    probes,
+                    id_probes,
+                    local_idx,
+                    pairs,
+                    NOISE_CHUNK_WORK,
+                    row_work=dim if self._stored_rows_dense else None,
                 )
 
             def rows_of(start, size):
@@ -193,7 +202,6 @@ class _VarianceReducedLD(SGLD):
                     state, fixed, batch, part
                 )
 
-            dim = state.position.shape[0]
             return chunked_gradient_noise(rows_of, rows, dim, dense, NOISE_CHUNK_WORK)
 
         return jax.jit(vr_noise, static_argnames=("dense", "pairs"))
@@ -348,6 +356,7 @@ class SVRGLD(_VarianceReducedLD):
     """
 
     name = "svrgld"
+    _stored_rows_dense = False  # the anchor's rows, by forward mode: no table
 
     def __init__(self, vars: Any = None, *, anchor_every: int | None = None, **kwargs: Any) -> None:
         super().__init__(vars, **kwargs)

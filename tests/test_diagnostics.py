@@ -130,9 +130,9 @@ def test_a_chain_away_from_the_others_is_named_on_any_coordinate():
 
 
 def test_the_chains_agree_check_computes_arviz_rank_rhat():
-    """``split_rhat`` is ArviZ's rank-normalised split R̂ (bulk and folded), vectorised: on
-    continuous draws (no ties) it equals the host ArviZ's value per coordinate — chains that
-    agree, one shifted, one with a wider spread (the folded R̂) and one still drifting."""
+    """``split_rhat`` is ArviZ's rank-normalised split R̂ (bulk and folded), vectorised: it
+    equals the host ArviZ's value per coordinate — chains that agree, one shifted, one with a
+    wider spread (the folded R̂) and one still drifting; continuous draws and tied ones."""
     import arviz as az
 
     from pymc_sgmcmc.diagnostics import split_rhat
@@ -146,6 +146,10 @@ def test_the_chains_agree_check_computes_arviz_rank_rhat():
     theirs = [float(az.rhat(x[:, :, j], method="rank")) for j in range(4)]
     np.testing.assert_allclose(ours, theirs, rtol=1e-10)
     assert ours[0] < 1.05 < min(ours[1:])
+    # ties (counts, rounded values: the folded draws tie too) take their average rank
+    tied = np.round(x * 2.0)
+    theirs = [float(az.rhat(tied[:, :, j], method="rank")) for j in range(4)]
+    np.testing.assert_allclose(split_rhat(tied), theirs, rtol=1e-10)
 
 
 def test_a_global_with_few_effective_draws_is_named():

@@ -286,6 +286,112 @@ def test_a_zero_sum_effect_touches_every_coordinate_at_once():
     assert isinstance(found, str) and "several coordinates" in found, found
 
 
+def _rows_touching_groups(rng, sizes, g=3, k=2, rows=400):
+    """Per-row gradients of ``g`` globals and ``k`` slots (an intercept and a slope) of one
+    group per factor (``sizes`` groups each; crossed when several), 10% of the rows touching
+    no group of a factor; and the structure."""
+    offsets = np.cumsum([g] + [j * k for j in sizes])
+    dim = int(offsets[-1])
+    local_idx = np.concatenate(
+        [np.arange(o, o + j * k).reshape(j, k) for o, j in zip(offsets[:-1], sizes, strict=True)]
+    )
+    factor = np.repeat(np.arange(len(sizes)), sizes) if len(sizes) > 1 else None
+    structure = GroupStructure(np.arange(g), local_idx, "u", factor)
+    grads = np.zeros((rows, dim))
+    grads[:, :g] = rng.normal(size=(rows, g))
+    first = 0
+    for j in sizes:
+        group = first + rng.integers(j, size=rows)
+        residual = rng.normal(size=rows) * (rng.random(rows) > 0.1)
+        x = rng.choice([-1.0, 1.0, -0.618034, 2.0], size=rows)  # ±1 and a cancelling value
+        grads[np.arange(rows), local_idx[group, 0]] = residual
+        grads[np.arange(rows), local_idx[group, 1]] = x * residual
+        first += j
+    return structure, grads
+
+
+@pytest.mark.parametrize("sizes", [[23], [15, 11]], ids=["one factor", "crossed"])
+def test_the_noise_moments_from_directional_derivatives_equal_the_per_row_gradients(sizes):
+    """``arrowhead_moments_along`` — the rows' derivatives along the structure's probes and
+    the probes that number the groups, no per-row gradients — gives the arrowhead moments of
+    the per-row gradients (the blocks, cross terms and crossed factors' couplings) exactly:
+    two slots per group (an intercept and a slope whose covariate is ±1, 2 or −0.618, where a
+    slot-weighted sum would cancel), rows that touch no group of a factor, several chunks
+    with a clamped last one."""
+    import jax
+    import jax.numpy as jnp
+
+    from pymc_sgmcmc.tuning.averaging import arrowhead_moments_along
+
+    structure, grads = _rows_touching_groups(np.random.default_rng(7), sizes)
+    rows = grads.shape[0]
+    with jax.enable_x64(True):
+        table = jnp.asarray(grads)
+        parts = arrowhead_moments_along(
+            lambda start, size, t: t @ jax.lax.dynamic_slice_in_dim(table, start, size).T,
+            rows,
+            jnp.asarray(structure.probes()),
+            jnp.asarray(structure.id_probes()),
+            jnp.asarray(structure.local_idx),
+            tuple(structure.pairs()),
+            64 * 16 * 14,  # chunks of 64 rows (14 tangents at most), the last one clamped
+        )
+    measured = StructuredCurvature(structure, *(np.asarray(p) for p in parts))
+    expected = structure.curvature_from_products(structure.probes() @ (grads.T @ grads / rows))
+    for got, want in zip(measured._parts(), expected._parts(), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-12)
+
+
+def test_the_rows_groups_are_read_exactly_in_float32_among_many_groups():
+    """The group a row touches, read from the ratio of its derivative along the numbered
+    probe to its own slot's, in float32 among 100 000 groups, by forward mode through a PyMC
+    model's row log-likelihood (``a[g] + b[g]·x`` with a covariate where a slot-weighted sum
+    would cancel): every row's block lands in its own group (each group's ``uu`` block equals
+    the sum of its rows' outer products)."""
+    import jax
+    import jax.numpy as jnp
+
+    from pymc_sgmcmc.tuning.averaging import arrowhead_moments_along
+
+    rng = np.random.default_rng(8)
+    groups, rows = 100_000, 3000
+    g = rng.integers(groups, size=rows)
+    x = rng.choice([-0.618034, 1.0, -1.0], size=rows).astype(np.float32)
+    y = rng.normal(size=rows).astype(np.float32)
+    a = rng.normal(size=groups).astype(np.float32)
+    b = rng.normal(size=groups).astype(np.float32)
+    position = jnp.asarray(np.concatenate([[0.3], np.stack([a, b], 1).ravel()]), jnp.float32)
+    structure = GroupStructure(np.array([0]), 1 + np.arange(2 * groups).reshape(groups, 2), "ab")
+
+    def loglik_rows(th, start, size):
+        ab = th[1:].reshape(groups, 2)
+        gi, xi, yi = (jax.lax.dynamic_slice_in_dim(v, start, size) for v in (g, x, y))
+        mu = th[0] + ab[gi, 0] + ab[gi, 1] * xi
+        return -0.5 * (yi - mu) ** 2
+
+    def along(start, size, tangents):
+        def one(t):
+            return jax.jvp(lambda th: loglik_rows(th, start, size), (position,), (t,))[1]
+
+        return jax.vmap(one)(tangents)
+
+    parts = arrowhead_moments_along(
+        along,
+        rows,
+        jnp.asarray(structure.probes(np.float32)),
+        jnp.asarray(structure.id_probes(np.float32)),
+        jnp.asarray(structure.local_idx),
+        (),
+        2**20,
+    )
+    uu = np.asarray(parts[2], dtype=np.float64) * rows
+    residual = (y - (0.3 + a[g] + b[g] * x)).astype(np.float64)
+    row_grad = np.stack([residual, residual * x], 1)
+    expected = np.zeros((groups, 2, 2))
+    np.add.at(expected, g, row_grad[:, :, None] * row_grad[:, None, :])
+    np.testing.assert_allclose(uu, expected, rtol=1e-4, atol=1e-4)
+
+
 def crossed_layout(g: int, js: int, jd: int) -> GroupStructure:
     """``g`` globals, then ``js`` and ``jd`` one-coordinate groups of two crossed factors."""
     dim = g + js + jd

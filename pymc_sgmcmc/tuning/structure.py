@@ -86,10 +86,6 @@ level that only a prior ties to the rows have joined them: the globals' block is
 measured by one Hessian-vector product each."""
 LANCZOS_STEPS = 40
 """Lanczos iterations for the gradient noise's largest ratio to the injection's budgets."""
-SLOT_WEIGHT_STEP = 0.6180339887498949
-"""Slot ``s`` of a group is weighted ``1 + s·0.618…`` in :meth:`GroupStructure.id_probes`: a
-row's weighted sum of its slots' derivatives then vanishes only where they all do (an
-irrational ratio of weights, against covariates such as ±1)."""
 RATIO_TOLERANCE = 1e-6
 VERIFY_TOLERANCE = 1e-6
 LOW_RANK_FLOOR = 1e-6
@@ -159,19 +155,18 @@ class GroupStructure:
         return out
 
     def id_probes(self, dtype=np.float64) -> np.ndarray:
-        """``(F, D)``: for each factor, weights ``(j + 1)·(1 + s·0.618…)`` on slot ``s`` of its
-        group ``j`` (``j`` counts the groups of every factor, in :attr:`local_idx`'s order). A
-        row's derivative along it, over its derivative along the factor's slot probes
-        weighted ``1 + s·0.618…``, is ``j + 1`` for the group it touches
-        (:func:`~pymc_sgmcmc.tuning.averaging.arrowhead_moments_along`)."""
-        out = np.zeros((self.n_factors, self.dim), dtype=dtype)
-        factors = self._factors()
-        weights = 1.0 + SLOT_WEIGHT_STEP * np.arange(self.k)
-        number = np.arange(1.0, self.n_groups + 1.0)
-        for f in range(self.n_factors):
-            mine = factors == f
-            out[f, self.local_idx[mine]] = number[mine, None] * weights[None, :]
-        return out
+        """``(F·k, D)``: for each factor and slot, weight ``j + 1`` on that slot of the
+        factor's group ``j`` (``j`` counts the groups of every factor, in :attr:`local_idx`'s
+        order) — :meth:`probes`' slot rows with the groups numbered. A row's derivative along
+        it, over its derivative along the slot's probe, is ``j + 1`` for the group it touches
+        (:func:`~pymc_sgmcmc.tuning.averaging.arrowhead_moments_along` reads the slot with
+        the largest derivative: one product each, so the ratio's rounding is ``J`` units in
+        the last place, whatever the covariates — a weighted sum of the slots, one probe per
+        factor, vanished with an intercept and a slope at one value of the covariate)."""
+        g = self.global_idx.size
+        number = np.zeros(self.dim)
+        number[self.local_idx] = np.arange(1.0, self.n_groups + 1.0)[:, None]
+        return (self.probes(dtype=np.float64)[g:] * number[None, :]).astype(dtype)
 
     def curvature_from_products(self, products: np.ndarray) -> StructuredCurvature:
         """The arrowhead from the Hessian-vector products of :meth:`probes`."""
