@@ -38,6 +38,13 @@ __all__ = ["DrawPlan", "ShardedData", "draw_functions", "full_data_gradient", "s
 # overflows — in time for a retry at a smaller step from a state still near the posterior.
 # (The jump is ~10¹⁰ squared posterior sds; the minibatch loss of a stationary chain moves
 # by about N/√B per-row sds.)
+PREDRAWN_NORMALS_MAX = 2**20
+"""A draw's standard normals (``thin × D`` of them) are drawn before its scan up to this
+many, else each iteration draws its own. Before the scan, one PRNG call for the draw beats
+one per iteration where a minibatch's gradient is cheap (small ``D``); at 20 000 group
+effects a draw of 694 iterations pre-drew 111 MB, 0.51 s of generation against 0.27 s
+iteration by iteration (the array no longer fits a cache), and the injection then read it
+again."""
 LOSS_JUMP_ABS = 1e10
 LOSS_JUMP_REL = 1e4
 
@@ -286,8 +293,21 @@ def _draw(plan: DrawPlan, finish: Callable) -> Callable:
         indices = minibatch_indices(key_rows, n, b, scheme, (thin,))
         position = state.position
         width = position.shape[0] + plan.extra_normals
-        normals = jax.random.normal(key_noise, (thin, width), dtype=position.dtype)
-        normals = plan.mix_normals(normals, params)
+        predrawn = thin * width <= PREDRAWN_NORMALS_MAX
+        if predrawn:
+            normals = jax.random.normal(key_noise, (thin, width), dtype=position.dtype)
+            normals = plan.mix_normals(normals, params)
+        else:
+            normals = jnp.arange(thin)  # each iteration draws its own, from its number
+            key_iterations = jax.random.fold_in(key_noise, 4)
+
+        def normal_of(drawn):
+            if predrawn:
+                return drawn
+            own = jax.random.normal(
+                jax.random.fold_in(key_iterations, drawn), (1, width), dtype=position.dtype
+            )
+            return plan.mix_normals(own, params)[0]
 
         # Row ids (in 0..N−1) of every iteration's minibatch and of the one after it.
         row_ids = jax.vmap(lambda r: minibatch_row_ids(r, n, b, scheme))(indices)
@@ -303,9 +323,11 @@ def _draw(plan: DrawPlan, finish: Callable) -> Callable:
 
         def body(carry, xs):
             state, position_sum, grad_sum = carry
-            rows, normal, ids, next_ids = xs
+            rows, drawn, ids, next_ids = xs
             batch = take_minibatch(rows, data, n, b, scheme)
-            state, info, grad = iteration(normal, state, batch, ids, next_ids, fixed, params)
+            state, info, grad = iteration(
+                normal_of(drawn), state, batch, ids, next_ids, fixed, params
+            )
             return (state, position_sum + state.position, grad_sum + grad), info
 
         zeros = jnp.zeros_like(state.position)
