@@ -122,6 +122,7 @@ class SelfCheckGlue:
             return {
                 "check_centre": zeros,
                 "check_grad": zeros,
+                "check_exact": np.zeros((), dtype=dtype),
                 "check_cov": self._structured_placeholder(dtype)
                 if self.whitening_kind == "structured"
                 else np.zeros((dim, dim) if dense else dim, dtype=dtype),
@@ -180,6 +181,7 @@ class SelfCheckGlue:
             self._check = {
                 "check_centre": centre,
                 "check_grad": np.zeros(dim),
+                "check_exact": np.zeros(()),
                 "check_cov": np.zeros((dim, dim) if dense else dim),
                 "check_rows": np.zeros((self._joint_dim(), self._global_indices().size)),
             }
@@ -189,9 +191,13 @@ class SelfCheckGlue:
         if compiled.get("full_grad") is not None and not self.exact and self.hybrid is None:
             grad = np.asarray(compiled["full_grad"](centre, fixed, compiled["data"]))
         rows, marginal = self._marginal_check(compiled, state, fixed, cov_diag)
+        # With the model's group structure the checked group effects are informed by few
+        # rows of any minibatch: the check takes the exact gradient (draws.py).
+        exact = compiled.get("full_grad") is not None and self.whitening_kind == "structured"
         self._check = {
             "check_centre": centre,
             "check_grad": grad,
+            "check_exact": np.asarray(1.0 if exact and not self.exact else 0.0),
             "check_cov": cov,
             "check_rows": rows,
         }
